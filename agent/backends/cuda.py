@@ -1,0 +1,135 @@
+"""CUDA candidates: ``extern "C" run_kernel`` compiled into a shared library.
+
+The compiler command is configurable (``--compiler`` / ``OPTAGENT_NVCC``) so a
+CUDA-compatible vendor toolchain can stand in for nvcc. Builds are cached by
+the hash of source and command.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+from . import CompileError
+
+DEFAULT_COMPILER = "nvcc -O3 -shared -Xcompiler -fPIC -lineinfo {arch} -o {out} {src}"
+SIGNATURE = re.compile(r'extern\s+"C"\s+(?:__host__\s+)?void\s+run_kernel\s*\(([^)]*)\)', re.S)
+
+CTYPES = {
+    "int64_t": ctypes.c_int64, "long": ctypes.c_int64, "long long": ctypes.c_int64, "size_t": ctypes.c_size_t,
+    "int32_t": ctypes.c_int32, "int": ctypes.c_int32, "uint32_t": ctypes.c_uint32, "unsigned": ctypes.c_uint32,
+    "float": ctypes.c_float, "double": ctypes.c_double, "bool": ctypes.c_bool,
+}
+
+
+def parse_signature(source: str) -> list:
+    """ctypes argument types of run_kernel, read from the candidate's own definition."""
+    m = SIGNATURE.search(source)
+    if not m:
+        raise CompileError('no `extern "C" void run_kernel(...)` in the source')
+    types = []
+    for raw in m.group(1).split(","):
+        param = " ".join(raw.replace("const", " ").replace("__restrict__", " ").split())
+        if not param or param == "void":
+            continue
+        if "*" in param:
+            types.append(ctypes.c_void_p)
+            continue
+        base = " ".join(param.split()[:-1])
+        if base not in CTYPES:
+            raise CompileError(f"run_kernel parameter {param!r}: unsupported type {base!r}")
+        types.append(CTYPES[base])
+    return types
+
+
+def _arch_flag(device: str) -> str:
+    if device == "cuda":
+        import torch
+
+        major, minor = torch.cuda.get_device_capability()
+        suffix = "a" if major >= 9 else ""
+        return f"-gencode=arch=compute_{major}{minor}{suffix},code=sm_{major}{minor}{suffix}"
+    return "-arch=sm_90"  # no GPU: compile for Hopper so compile errors are real
+
+
+def cache_dir() -> Path:
+    root = Path(os.environ.get("OPTAGENT_CACHE", Path.home() / ".cache" / "optagent"))
+    return root / "cuda"
+
+
+class CudaBackend:
+    def __init__(self, device: str, compiler: list[str] | None, compile_timeout_s: float):
+        self.device = device
+        self.compiler = compiler or shlex.split(os.environ.get("OPTAGENT_NVCC", DEFAULT_COMPILER))
+        self.timeout = compile_timeout_s
+        self.library: Path | None = None
+
+    def prepare(self, source_path: Path, scratch: Path) -> None:
+        source = source_path.read_text(encoding="utf-8")
+        self.argtypes = parse_signature(source)
+        arch = _arch_flag(self.device)
+        key = hashlib.sha256((source + "\0" + " ".join(self.compiler) + arch).encode()).hexdigest()[:24]
+        cached = cache_dir() / f"{key}.so"
+        self.scratch = scratch
+        if cached.exists():
+            self.library = cached
+            return
+        out = scratch / "candidate.so"
+        cmd = []
+        for part in self.compiler:
+            if part == "{arch}":
+                cmd.extend(arch.split())
+            else:
+                cmd.append(part.format(out=out, src=source_path, arch=arch))
+        if shutil.which(cmd[0]) is None:
+            raise CompileError(f"compiler {cmd[0]!r} not found (set --compiler or OPTAGENT_NVCC)")
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout, cwd=scratch)
+        except subprocess.TimeoutExpired:
+            raise CompileError(f"compiler timed out after {self.timeout:.0f} s") from None
+        if proc.returncode != 0 or not out.exists():
+            raise CompileError(first_errors(proc.stderr + proc.stdout, source_path))
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+        shutil.copyfile(out, tmp)
+        os.replace(tmp, cached)
+        self.library = cached
+
+    def load_fresh(self, tag: str) -> Callable:
+        if self.device != "cuda":
+            from . import Unsupported
+
+            raise Unsupported("compiled; running CUDA kernels needs a CUDA GPU")
+        assert self.library is not None
+        # dlopen keys on the path: a fresh file gives fresh static state.
+        path = self.scratch / f"candidate_{tag}.so"
+        shutil.copyfile(self.library, path)
+        lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
+        fn = lib.run_kernel
+        fn.argtypes = self.argtypes
+        fn.restype = None
+        argtypes = self.argtypes
+
+        def run_kernel(*args):
+            if len(args) != len(argtypes):
+                raise TypeError(f"run_kernel takes {len(argtypes)} arguments, the case has {len(args)}")
+            converted = [a.data_ptr() if hasattr(a, "data_ptr") else a for a in args]
+            fn(*converted)
+
+        run_kernel.kernel_library = path  # type: ignore[attr-defined]
+        return run_kernel
+
+
+def first_errors(log: str, source_path: Path, lines: int = 8) -> str:
+    """nvcc's first error lines, with the scratch path shortened to the file name."""
+    log = log.replace(str(source_path), source_path.name)
+    errs = [ln for ln in log.splitlines() if "error" in ln.lower()]
+    picked = errs[:lines] or log.strip().splitlines()[:lines]
+    return "\n".join(picked) or "the compiler failed without a message"

@@ -1,0 +1,156 @@
+"""Worker-side access to a task package: its config module, hooks, cases and inputs.
+
+Runs only inside worker processes (it imports torch and the package's code).
+The candidate process and the judge process both build a case's inputs through
+``make_args`` so that the same seed gives the same tensors in both.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import sys
+from contextlib import redirect_stdout
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Optional
+
+import torch
+
+from .jobs import CaseSpec
+from .schema import CaseKind
+from .task import Manifest, load_task
+
+COMPAT_DIR = Path(__file__).resolve().parent / "compat"
+
+
+def flash_attn_available() -> bool:
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def _load_module(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path}: cannot be loaded as a module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class TaskRuntime:
+    """A loaded task package: config module, hooks, and how to make each case."""
+
+    def __init__(self, task_dir: str, device: str):
+        self.task = load_task(task_dir)
+        self.device = device
+        self.manifest: Optional[Manifest] = self.task.manifest
+        self.standin = False
+        if not flash_attn_available():
+            # The baseline may import flash_attn; give it our PyTorch stand-in,
+            # on this process's path only, and say so in the results.
+            sys.path.append(str(COMPAT_DIR))
+            self.standin = True
+        problem_dir = self.task.config_path.parent
+        sys.path.insert(0, str(problem_dir))
+        self.config = _load_module(self.task.config_path, "testcase_config")
+        sys.path.remove(str(problem_dir))
+        missing = [f for f in ("getNumOfTestcases", "getTestCaseSize", "genTestCase", "baseline", "check")
+                   if not callable(getattr(self.config, f, None))]
+        if missing:
+            raise RuntimeError(
+                f"{self.task.config_path}: {', '.join(missing)} not defined after import "
+                "(did an import inside the module fail?)")
+        self.hooks: Optional[ModuleType] = None
+        if self.manifest and self.manifest.hooks:
+            self.hooks = _load_module(self.task.root / self.manifest.hooks, "optagent_task_hooks")
+
+    @property
+    def baseline_label(self) -> str:
+        uses_flash = "flash_attn" in self.task.config_path.read_text(encoding="utf-8")
+        if uses_flash and self.standin:
+            return "flash_attn_with_kvcache (optagent PyTorch stand-in: flash_attn not installed)"
+        return "testcase_config.baseline"
+
+    def num_cases(self) -> int:
+        return int(self.config.getNumOfTestcases())
+
+    def case_sizes(self, index: int) -> tuple[Any, tuple[int, int]]:
+        """getTestCaseSize for a 1-based case index, fed on stdin as the contest does."""
+        saved = sys.stdin
+        sys.stdin = io.StringIO(f"{index}\n")
+        try:
+            with redirect_stdout(io.StringIO()):
+                sizes, reps = self.config.getTestCaseSize()
+        finally:
+            sys.stdin = saved
+        return sizes, tuple(reps)
+
+    def make_args(self, case: CaseSpec, seed: Optional[int]) -> tuple[list, Any]:
+        """The run_kernel arguments of a case; seed None gives the package's own inputs.
+
+        Contest cases with a seed keep their metadata (ints, index tensors) and get
+        fresh float tensors; manifest cases are drawn anew by the hooks.
+        """
+        if case.kind is CaseKind.CONTEST:
+            sizes, _ = self.case_sizes(int(case.index or 1))
+            with redirect_stdout(io.StringIO()):
+                args = list(self.config.genTestCase(sizes, self.device))
+            if seed is not None:
+                refresh_floats(args, seed, skip=set(self.outputs(args)))
+            return args, sizes
+        assert self.hooks is not None and case.params is not None
+        base = 0 if seed is None else seed
+        return list(self.hooks.make_case(dict(case.params), self.device, base)), None
+
+    def outputs(self, args: list) -> list[int]:
+        if self.manifest and self.manifest.outputs is not None:
+            return list(self.manifest.outputs)
+        if not hasattr(self, "_detected_outputs"):
+            self._detected_outputs = detect_outputs(self.config.baseline, args)
+        return self._detected_outputs
+
+    def describe(self, args: list) -> str:
+        if self.hooks is not None and hasattr(self.hooks, "describe"):
+            return str(self.hooks.describe(args))
+        shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+        return " ".join("x".join(map(str, s)) for s in shapes[:2])
+
+
+def refresh_floats(args: list, seed: int, skip: set[int]) -> None:
+    """Redraw every floating input tensor in place, keeping its scale."""
+    for i, a in enumerate(args):
+        if i in skip or not isinstance(a, torch.Tensor) or not a.is_floating_point():
+            continue
+        gen = torch.Generator(device=a.device)
+        gen.manual_seed(seed * 1000 + i)
+        std = float(a.float().std()) if a.numel() > 1 else 1.0
+        fresh = torch.randn(a.shape, generator=gen, dtype=torch.float32, device=a.device)
+        a.copy_((fresh * (std if std > 0 else 1.0)).to(a.dtype))
+
+
+def clone_args(args: list) -> list:
+    return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def detect_outputs(baseline, args: list) -> list[int]:
+    """Output tensors are those the baseline writes: compare before and after."""
+    before = clone_args(args)
+    after = clone_args(args)
+    with redirect_stdout(io.StringIO()):
+        baseline(*after)
+    outs = [i for i, (a, b) in enumerate(zip(before, after))
+            if isinstance(a, torch.Tensor) and not torch.equal(a.view(torch.uint8) if a.dtype == torch.bool else a, b)]
+    if not outs:
+        raise RuntimeError("the baseline wrote no tensor argument: cannot tell the outputs")
+    return outs
+
+
+def poison(t: torch.Tensor) -> None:
+    """Fill an output with values no correct kernel leaves behind."""
+    if t.is_floating_point():
+        t.fill_(float("nan"))
+    elif t.dtype == torch.bool:
+        t.fill_(True)
+    else:
+        t.fill_(torch.iinfo(t.dtype).min)

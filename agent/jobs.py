@@ -1,0 +1,76 @@
+"""What the orchestrator asks of a worker process, and how the worker answers.
+
+The answer travels on a private pipe whose file descriptor only the worker's
+harness knows; every message carries the per-run nonce. The candidate's own
+stdout and stderr go to log files and are never parsed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from .schema import CaseKind, Language, Record
+
+
+class CaseSpec(Record):
+    label: str
+    kind: CaseKind
+    index: Optional[int] = None  # contest cases: the 1-based index fed to getTestCaseSize
+    params: Optional[dict] = None  # smoke/hidden cases: passed to hooks.make_case
+
+
+class TimingSpec(Record):
+    min_iters: int = 10
+    max_iters: int = 200
+    budget_s: float = 0.5  # per case and per timed callable
+    input_sets: int = 3  # rotated fresh float inputs (keeps L2 and caches honest)
+    warmup: int = 3
+
+
+class Job(Record):
+    mode: Literal["candidate", "judge", "probe"]
+    task_dir: str
+    device: Literal["cuda", "cpu"]
+    language: Optional[Language] = None
+    source_path: Optional[str] = None
+    cases: list[CaseSpec] = Field(default_factory=list)
+    seed: int = 0
+    nonce: str
+    scratch: str
+    timing: TimingSpec = Field(default_factory=TimingSpec)
+    compiler: Optional[list[str]] = None
+    compile_timeout_s: float = 180.0
+    outputs_dir: Optional[str] = None  # where the candidate saves outputs for the judge
+    samples: dict[str, list[dict]] = Field(default_factory=dict)  # judge: saved outputs per case
+
+
+class Channel:
+    """Writer side of the result pipe (worker)."""
+
+    def __init__(self, fd: int, nonce: str):
+        self._fd = fd
+        self._nonce = nonce
+
+    def send(self, kind: str, **payload) -> None:
+        line = json.dumps({"nonce": self._nonce, "type": kind, **payload}, default=str) + "\n"
+        data = line.encode()
+        while data:
+            n = os.write(self._fd, data)
+            data = data[n:]
+
+
+def parse_messages(raw: bytes, nonce: str) -> list[dict]:
+    """Messages from the pipe; lines without the nonce (forged or garbled) are dropped."""
+    out = []
+    for line in raw.decode(errors="replace").splitlines():
+        try:
+            msg = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(msg, dict) and msg.get("nonce") == nonce:
+            out.append(msg)
+    return out

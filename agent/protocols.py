@@ -1,0 +1,95 @@
+"""The boundaries between the loop and what it drives; only the CLI picks concrete classes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Protocol, runtime_checkable
+
+from .schema import EvalResult, Language, Proposal, Step, Usage
+
+
+class PlannerExhausted(Exception):
+    """The planner has nothing more worth trying."""
+
+
+@dataclass
+class Attempt:
+    """One past step, as a planner sees it (hidden cases already redacted)."""
+
+    index: int
+    idea: str
+    outcome: str
+    error: Optional[str]
+    result: Optional[EvalResult]
+    source: Optional[str] = None
+
+
+@dataclass
+class GpuFacts:
+    name: str
+    sm_count: Optional[int] = None
+    l2_mb: Optional[float] = None
+    bandwidth_gbs: Optional[float] = None
+
+
+@dataclass
+class PlannerContext:
+    """Everything a planner may know when proposing the next kernel."""
+
+    task_name: str
+    title: str
+    statement: str
+    contract: str
+    language: Language
+    starter_source: str
+    best_source: str
+    best_result: Optional[EvalResult]
+    attempts: list[Attempt] = field(default_factory=list)
+    gpu: Optional[GpuFacts] = None
+    step_index: int = 0
+
+
+@dataclass
+class LLMReply:
+    text: str
+    usage: Usage
+
+
+@runtime_checkable
+class Planner(Protocol):
+    name: str
+    model: Optional[str]
+
+    def propose(self, ctx: PlannerContext) -> Proposal:
+        """Return the next kernel to try; raise PlannerExhausted when done."""
+        ...
+
+
+@runtime_checkable
+class LLM(Protocol):
+    model: str
+
+    def complete(self, messages: list[dict]) -> LLMReply: ...
+
+
+@runtime_checkable
+class Evaluator(Protocol):
+    device: str
+
+    def evaluate(self, source: str, language: Language) -> EvalResult: ...
+
+
+def redact(step: Step, source: Optional[str] = None) -> Attempt:
+    """A step as the planner may see it: hidden integrity cases reduced to a verdict."""
+    result = step.result
+    if result is not None:
+        from .schema import CaseKind
+
+        hidden = [c for c in result.cases if c.kind is CaseKind.HIDDEN]
+        shown = [c for c in result.cases if c.kind is not CaseKind.HIDDEN]
+        failed_hidden = [c for c in hidden if not c.status.ok]
+        reason = result.reason
+        if failed_hidden and reason and any(c.reason and c.reason in reason for c in failed_hidden):
+            reason = f"a hidden integrity case failed: {failed_hidden[0].status.value}"
+        result = result.model_copy(update={"cases": shown, "reason": reason})
+    return Attempt(step.index, step.idea, step.outcome.value, step.error, result, source)

@@ -1,0 +1,277 @@
+"""Every record optagent writes or passes between processes.
+
+Each record is a pydantic model carrying a format version; statuses are enums
+and a record is validated against its status (a PASSED case has a time, a
+failed one has a reason), so no magic values such as ``time_us=-1`` exist.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from datetime import datetime, timezone
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
+
+FORMAT_VERSION = 1
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    format_version: int = FORMAT_VERSION
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_computed(cls, data):
+        # Derived values are written for readers of the JSON; reading back recomputes them.
+        if isinstance(data, dict) and cls.model_computed_fields:
+            data = {k: v for k, v in data.items() if k not in cls.model_computed_fields}
+        return data
+
+
+class Language(str, enum.Enum):
+    TRITON = "triton"
+    CUDA = "cuda"
+    TILELANG = "tilelang"
+
+
+class Status(str, enum.Enum):
+    PASSED = "PASSED"
+    COMPILE_ERROR = "COMPILE_ERROR"
+    INCORRECT = "INCORRECT"
+    RUNTIME_ERROR = "RUNTIME_ERROR"
+    TIMEOUT = "TIMEOUT"
+    UNSUPPORTED = "UNSUPPORTED"
+    REJECTED = "REJECTED"  # integrity violation: the kernel tried to cheat
+    SKIPPED = "SKIPPED"  # not run because an earlier case already failed
+
+    @property
+    def ok(self) -> bool:
+        return self is Status.PASSED
+
+
+# The order in which an evaluation's overall status is chosen from its cases:
+# the most damning verdict wins.
+SEVERITY = [
+    Status.REJECTED,
+    Status.COMPILE_ERROR,
+    Status.UNSUPPORTED,
+    Status.TIMEOUT,
+    Status.RUNTIME_ERROR,
+    Status.INCORRECT,
+    Status.SKIPPED,
+    Status.PASSED,
+]
+
+
+class CaseKind(str, enum.Enum):
+    CONTEST = "contest"  # the package's own getNumOfTestcases() cases
+    SMOKE = "smoke"  # small cases from the manifest, for CPU runs
+    HIDDEN = "hidden"  # integrity cases the planner never sees
+
+
+class Timing(Record):
+    """Robust statistics of repeated measurements, in microseconds."""
+
+    median_us: float = Field(gt=0)
+    p10_us: float = Field(gt=0)
+    p90_us: float = Field(gt=0)
+    samples: int = Field(ge=1)
+
+    @property
+    def spread(self) -> float:
+        """Relative half-width of the 10-90 band: the noise of this timing."""
+        return (self.p90_us - self.p10_us) / (2 * self.median_us)
+
+
+class CaseResult(Record):
+    case: str  # "3" for contest case 3 (1-based as the contest counts), "smoke-1", "hidden-2"
+    kind: CaseKind
+    status: Status
+    reason: Optional[str] = None
+    sizes: Optional[str] = None  # human summary of the case's shapes
+    rel_err: Optional[float] = None  # ||out - ref|| / ||ref|| against the reference
+    max_abs_err: Optional[float] = None
+    tolerance: Optional[float] = None  # rel_err bound the case was held to
+    time_us: Optional[float] = None  # eager run_kernel time, median
+    gpu_us: Optional[float] = None  # CUDA-graph replay time, median
+    baseline_us: Optional[float] = None
+    time: Optional[Timing] = None
+    baseline: Optional[Timing] = None
+    floor_us: Optional[float] = None  # bytes moved / measured bandwidth
+    load_ms: Optional[float] = None  # cost of loading a fresh copy of the candidate
+    timing_kind: Optional[Literal["cuda", "cpu-interpreter", "cpu"]] = None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def speedup(self) -> Optional[float]:
+        if self.time_us and self.baseline_us:
+            return self.baseline_us / self.time_us
+        return None
+
+    @property
+    def pct_of_floor(self) -> Optional[float]:
+        if self.floor_us and self.time_us:
+            return 100.0 * self.floor_us / min(self.time_us, self.gpu_us or self.time_us)
+        return None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "CaseResult":
+        if self.status is not Status.PASSED and not self.reason:
+            raise ValueError(f"case {self.case}: status {self.status.value} needs a reason")
+        for name in ("rel_err", "max_abs_err", "time_us", "gpu_us", "baseline_us"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"case {self.case}: {name} must be finite, got {value}")
+        return self
+
+
+class EvalResult(Record):
+    status: Status
+    reason: Optional[str] = None
+    language: Language
+    device: Literal["cuda", "cpu"]
+    device_name: Optional[str] = None
+    source_sha256: str
+    baseline_label: Optional[str] = None  # e.g. "flash_attn (optagent PyTorch stand-in)"
+    cases: list[CaseResult] = Field(default_factory=list)
+    wall_s: float = Field(ge=0)
+    log_tail: Optional[str] = None  # candidate stderr tail, for the planner
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "EvalResult":
+        if self.status is not Status.PASSED and not self.reason:
+            raise ValueError(f"status {self.status.value} needs a reason")
+        if self.status is Status.PASSED and any(not c.status.ok for c in self.cases):
+            raise ValueError("status PASSED with a failed case")
+        return self
+
+    @property
+    def timed(self) -> list[CaseResult]:
+        return [c for c in self.cases if c.kind is not CaseKind.HIDDEN and c.time_us]
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def geomean_speedup(self) -> Optional[float]:
+        ups = [c.speedup for c in self.timed if c.speedup]
+        if not ups or self.status is not Status.PASSED:
+            return None
+        return math.exp(sum(math.log(u) for u in ups) / len(ups))
+
+    @property
+    def geomean_time_us(self) -> Optional[float]:
+        ts = [c.time_us for c in self.timed]
+        if not ts or self.status is not Status.PASSED:
+            return None
+        return math.exp(sum(math.log(t) for t in ts) / len(ts))
+
+
+def worst(statuses: list[Status]) -> Status:
+    present = set(statuses)
+    for status in SEVERITY:
+        if status in present:
+            return status
+    return Status.PASSED
+
+
+class Candidate(Record):
+    language: Language
+    source: str
+    sha256: str
+
+
+class Usage(Record):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+
+    def __add__(self, other: "Usage") -> "Usage":
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+            cost_usd=self.cost_usd + other.cost_usd,
+        )
+
+
+class Proposal(Record):
+    """What a planner returns: a kernel to evaluate, or the reason there is none."""
+
+    source: Optional[str] = None
+    idea: str  # one line: what this attempt tries, for the ledger
+    error: Optional[str] = None  # why the reply gave no usable kernel
+    request: Optional[list[dict]] = None  # the messages sent, for the run record
+    reply: Optional[str] = None
+    usage: Usage = Field(default_factory=Usage)
+    meta: dict = Field(default_factory=dict)  # planner-private state (knob values...)
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "Proposal":
+        if (self.source is None) == (self.error is None):
+            raise ValueError("a proposal carries either a source or an error")
+        return self
+
+
+class StepOutcome(str, enum.Enum):
+    ACCEPTED = "ACCEPTED"  # became the new best
+    NOT_BETTER = "NOT_BETTER"
+    FAILED = "FAILED"  # the candidate did not pass
+    NO_KERNEL = "NO_KERNEL"  # the planner's reply held no usable kernel
+    BASELINE = "BASELINE"  # step 0: the starter
+
+
+class Step(Record):
+    index: int = Field(ge=0)
+    started_at: datetime
+    finished_at: datetime
+    idea: str
+    outcome: StepOutcome
+    candidate_sha256: Optional[str] = None
+    result: Optional[EvalResult] = None
+    error: Optional[str] = None
+    usage: Usage = Field(default_factory=Usage)
+    best_geomean_speedup: Optional[float] = None
+    retime_note: Optional[str] = None
+
+
+class RunConfig(Record):
+    run_id: str
+    task_dir: str
+    task_name: str
+    task_digest: str
+    language: Language
+    device: Literal["cuda", "cpu"]
+    planner: str
+    model: Optional[str] = None
+    cases: Optional[str] = None
+    timeout_s: float
+    min_gain: float
+    patience: int
+    max_steps: int
+    time_limit_s: Optional[float] = None
+    budget_usd: Optional[float] = None
+    created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+
+
+class RunStatus(str, enum.Enum):
+    RUNNING = "RUNNING"
+    CONVERGED = "CONVERGED"  # patience ran out
+    MAX_STEPS = "MAX_STEPS"
+    TIME_LIMIT = "TIME_LIMIT"
+    BUDGET = "BUDGET"
+    INTERRUPTED = "INTERRUPTED"
+    EXHAUSTED = "EXHAUSTED"  # the planner had nothing more to propose
+    FAILED = "FAILED"
+
+
+class RunState(Record):
+    status: RunStatus
+    steps: int
+    best_step: Optional[int] = None
+    best_geomean_speedup: Optional[float] = None
+    usage: Usage = Field(default_factory=Usage)
+    updated_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)

@@ -1,0 +1,57 @@
+"""Terminal output: rich tables, colour off when not a TTY or with NO_COLOR."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Optional
+
+from rich.console import Console
+from rich.table import Table
+
+from .schema import EvalResult, Status
+
+STATUS_STYLE = {Status.PASSED: "green", Status.INCORRECT: "red", Status.COMPILE_ERROR: "red",
+                Status.RUNTIME_ERROR: "red", Status.TIMEOUT: "yellow", Status.REJECTED: "bold red",
+                Status.UNSUPPORTED: "yellow", Status.SKIPPED: "dim"}
+
+
+def console(stderr: bool = False, quiet: bool = False) -> Console:
+    no_color = bool(os.environ.get("NO_COLOR")) or not (sys.stderr if stderr else sys.stdout).isatty()
+    return Console(stderr=stderr, no_color=no_color, highlight=False, quiet=quiet, soft_wrap=False, width=160
+                   if not (sys.stderr if stderr else sys.stdout).isatty() else None)
+
+
+def fmt(x: Optional[float], spec: str = ".1f", suffix: str = "") -> str:
+    return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+def eval_table(result: EvalResult, title: Optional[str] = None) -> Table:
+    unit = "us" if result.device == "cuda" else "us (CPU interp.)"
+    t = Table(title=title, title_justify="left")
+    for col in ("case", "sizes", "status", "rel_err", f"time {unit}", "gpu us", f"baseline {unit}", "speedup",
+                "% floor", "load ms"):
+        t.add_column(col, justify="left" if col in ("case", "sizes", "status") else "right")
+    for c in result.cases:
+        t.add_row(c.case, c.sizes or "", f"[{STATUS_STYLE[c.status]}]{c.status.value}[/]", fmt(c.rel_err, ".1e"),
+                  fmt(c.time_us), fmt(c.gpu_us), fmt(c.baseline_us), fmt(c.speedup, ".2f", "x"),
+                  fmt(c.pct_of_floor, ".0f", "%"), fmt(c.load_ms, ".0f"))
+    return t
+
+
+def print_eval(con: Console, result: EvalResult) -> None:
+    if result.cases:
+        con.print(eval_table(result))
+    style = STATUS_STYLE[result.status]
+    line = f"[{style}]{result.status.value}[/]"
+    if result.reason:
+        line += f": {result.reason}"
+    gm = result.geomean_speedup
+    if gm:
+        line += f"  geomean speedup {gm:.2f}x"
+    if result.baseline_label:
+        line += f"  (baseline: {result.baseline_label})"
+    con.print(line, soft_wrap=True)
+    if result.status is not Status.PASSED and result.log_tail:
+        con.print("[dim]candidate log tail:[/]")
+        con.print(result.log_tail, markup=False)
