@@ -14,6 +14,7 @@ from rich.table import Table
 
 from . import __version__
 from .schema import Language, Status
+from .store import RunError
 from .task import TaskError, TaskPackage, detect_language, extract_code, load_task
 from .views import console, print_eval
 
@@ -154,7 +155,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     err = console(stderr=True)
     try:
         return int(a.fn(a) or 0)
-    except (TaskError, UserError) as e:
+    except (TaskError, UserError, RunError) as e:
         err.print(f"optagent: error: {e}", markup=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:

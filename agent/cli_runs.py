@@ -1,9 +1,252 @@
-"""Run commands: run, resume, runs, show, leaderboard, report."""
+"""Run commands: run, resume, runs, show, leaderboard."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
+import time
+from pathlib import Path
+from typing import Optional
+
+from rich.table import Table
+
+from .schema import Language, RunConfig, RunState, Step, StepOutcome
+from .store import RunError, RunStore, list_runs, runs_dir
+from .task import TaskPackage, load_task
+from .views import STATUS_STYLE, console, fmt, print_eval
+
+
+def _pick_language(task: TaskPackage, device: str, wanted: Optional[str]) -> Language:
+    import importlib.util
+
+    if wanted:
+        lang = Language(wanted)
+        task.starter(lang)  # raises a one-line TaskError when there is none
+        return lang
+
+    def runs_here(lang: Language) -> bool:
+        if lang is Language.CUDA:
+            return device == "cuda"
+        if lang is Language.TILELANG:
+            return device == "cuda" and importlib.util.find_spec("tilelang") is not None
+        return True
+
+    for lang in task.languages:
+        if runs_here(lang):
+            return lang
+    from .cli import UserError
+
+    raise UserError(f"{task.root}: no starter language runs on {device} (have: "
+                    f"{', '.join(x.value for x in task.languages)})")
+
+
+def _planner(config: RunConfig, task: TaskPackage, con):
+    from .planners.offline import OfflinePlanner, run_kernel_params
+
+    if config.planner == "replay":
+        from .planners.replay import ReplayPlanner
+
+        return ReplayPlanner(config.replay_file)
+    if config.planner == "llm":
+        from .llm import OpenAICompatLLM, llm_settings_from_env
+        from .planners.llm import LLMPlanner
+
+        settings = llm_settings_from_env(config.base_url, config.model)
+        if settings is None:
+            from .cli import UserError
+
+            raise UserError("the LLM planner needs --base-url and --model (or OPTAGENT_BASE_URL/OPTAGENT_MODEL)")
+        return LLMPlanner(OpenAICompatLLM(settings.base_url, settings.model, settings.api_key,
+                                          prices=settings.prices))
+    starter = task.starter(config.language).source
+    return OfflinePlanner(config.language, task.manifest.family if task.manifest else None,
+                          run_kernel_params(starter))
+
+
+def _progress(con, t0: float):
+    def on_step(step: Step, state: RunState) -> None:
+        r = step.result
+        status = r.status.value if r else "NO_KERNEL"
+        style = STATUS_STYLE.get(r.status, "") if r else "yellow"
+        gm = r.geomean_speedup if r else None
+        elapsed = time.monotonic() - t0
+        con.print(f"step {step.index:>3}  [{style}]{status:<13}[/] {step.outcome.value:<10} "
+                  f"{fmt(gm, '.2f', 'x'):>7}  best {fmt(state.best_geomean_speedup, '.2f', 'x'):>7}  "
+                  f"tokens {state.usage.prompt_tokens + state.usage.completion_tokens:>7}  "
+                  f"${state.usage.cost_usd:.2f}  {elapsed:6.0f}s  {step.idea[:70]}", soft_wrap=True)
+        if step.error and not r:
+            con.print(f"          {step.error.splitlines()[0][:150]}", markup=False)
+    return on_step
+
+
+def _drive(store: RunStore, task: TaskPackage, a, con) -> int:
+    from .evaluator import SandboxEvaluator, probe_task, select_cases
+    from .loop import Limits, Loop
+
+    cfg = store.config
+    n = len(probe_task(task)["cases"]) if cfg.cases else 0
+    cases = select_cases(task, cfg.device, n, cfg.cases)
+    evaluator = SandboxEvaluator(task, cfg.device, cases, timeout_s=cfg.timeout_s,
+                                 compiler=shlex.split(cfg.compiler) if cfg.compiler else None)
+    planner = _planner(cfg, task, con)
+    limits = Limits(cfg.min_gain, cfg.patience, cfg.max_steps, cfg.time_limit_s, cfg.budget_usd)
+    store.lock()
+    try:
+        con.print(f"run {store.path.name}: {task.name}, {cfg.language.value} on {cfg.device}, planner "
+                  f"{planner.name}{' (' + planner.model + ')' if planner.model else ''}", soft_wrap=True)
+        state = Loop(store, task, planner, evaluator, limits, _progress(con, time.monotonic())).run()
+    finally:
+        store.unlock()
+    best = store.best()
+    con.print(f"{state.status.value}: {state.steps} steps, best geomean speedup "
+              f"{fmt(state.best_geomean_speedup, '.2f', 'x')} (step {state.best_step})", soft_wrap=True)
+    if best:
+        con.print(f"best kernel: {store.path / 'best'}")
+    if getattr(a, "json", False):
+        print(state.model_dump_json(indent=2))
+    return 130 if state.status.value == "INTERRUPTED" else 0
+
+
+def cmd_run(a) -> int:
+    from .cli import UserError, _device
+    from .llm import llm_settings_from_env
+
+    task = load_task(a.dir)
+    device = _device(a.device)
+    language = _pick_language(task, device, a.language)
+    con = console(quiet=a.quiet)
+    planner = a.planner
+    if planner == "auto":
+        planner = "llm" if llm_settings_from_env(a.base_url, a.model) else "offline"
+        if planner == "offline":
+            con.print("no LLM endpoint configured (--base-url/--model or OPTAGENT_BASE_URL/OPTAGENT_MODEL): "
+                      "using the built-in offline planner", soft_wrap=True)
+    if planner == "replay" and not a.replay:
+        raise UserError("--planner replay needs --replay FILE")
+    settings = llm_settings_from_env(a.base_url, a.model) if planner == "llm" else None
+    from .store import new_run_id
+
+    config = RunConfig(run_id=new_run_id(task.name), task_dir=str(task.root), task_name=task.name,
+                       task_digest=task.digest(), language=language, device=device, planner=planner,
+                       model=settings.model if settings else None, base_url=settings.base_url if settings else None,
+                       replay_file=str(Path(a.replay).resolve()) if a.replay else None, compiler=a.compiler,
+                       cases=a.cases, timeout_s=a.timeout, min_gain=a.min_gain, patience=a.patience,
+                       max_steps=a.max_steps, time_limit_s=a.time_limit, budget_usd=a.budget_usd)
+    store = RunStore.create(runs_dir(a.runs_dir), config, task.starter(language).source)
+    return _drive(store, task, a, con)
+
+
+def cmd_resume(a) -> int:
+    store = RunStore.open(runs_dir(a.runs_dir), a.run_id)
+    cfg = store.config
+    task = load_task(cfg.task_dir)
+    if task.digest() != cfg.task_digest and not a.force:
+        raise RunError(f"{task.root}: the task package changed since run {cfg.run_id} started "
+                       "(resume with --force to continue anyway)")
+    return _drive(store, task, a, console(quiet=a.quiet))
+
+
+def cmd_runs(a) -> int:
+    t = Table(title=f"runs in {runs_dir(a.runs_dir)}", title_justify="left")
+    for col in ("run", "task", "planner", "lang", "device", "status", "steps", "best"):
+        t.add_column(col)
+    for store in list_runs(runs_dir(a.runs_dir)):
+        cfg, st = store.config, store.state()
+        t.add_row(cfg.run_id, cfg.task_name, cfg.planner + (f"/{cfg.model}" if cfg.model else ""),
+                  cfg.language.value, cfg.device, st.status.value if st else "NEW", str(st.steps if st else 0),
+                  fmt(st.best_geomean_speedup if st else None, ".2f", "x"))
+    console().print(t)
+    return 0
+
+
+def cmd_show(a) -> int:
+    store = RunStore.open(runs_dir(a.runs_dir), a.run_id)
+    con = console()
+    cfg, st = store.config, store.state()
+    if a.step is not None:
+        step = next((s for s in store.steps() if s.index == a.step), None)
+        if step is None:
+            raise RunError(f"{store.path}: no finished step {a.step}")
+        con.print(f"step {step.index}: {step.outcome.value} - {step.idea}", markup=False)
+        if step.retime_note:
+            con.print(step.retime_note, markup=False)
+        if step.result:
+            print_eval(con, step.result)
+        elif step.error:
+            con.print(step.error, markup=False)
+        return 0
+    con.print(f"run {cfg.run_id}: task {cfg.task_name} ({cfg.task_dir}), {cfg.language.value} on {cfg.device}, "
+              f"planner {cfg.planner}{'/' + cfg.model if cfg.model else ''}; status {st.status.value if st else 'NEW'}",
+              markup=False, soft_wrap=True)
+    t = Table(title_justify="left")
+    for col in ("step", "outcome", "status", "geomean", "idea"):
+        t.add_column(col)
+    for s in store.steps():
+        t.add_row(str(s.index), s.outcome.value, s.result.status.value if s.result else "-",
+                  fmt(s.result.geomean_speedup if s.result else None, ".2f", "x"), s.idea[:80])
+    con.print(t)
+    best = store.best()
+    if best:
+        print_eval(con, best[1])
+    return 0
+
+
+def cmd_leaderboard(a) -> int:
+    from .leaderboard import export, gather, print_board
+
+    entries = gather(runs_dir(a.runs_dir), a.task)
+    print_board(console(), entries, diff=a.diff)
+    if a.export:
+        for path in export(entries, Path(a.export)):
+            console().print(f"exported {path}")
+    return 0
 
 
 def add_run_commands(sub: argparse._SubParsersAction) -> None:
-    return None
+    from .cli import add_eval_options
+
+    def runs_opt(p):
+        p.add_argument("--runs-dir", help="where runs live (default ./runs or OPTAGENT_RUNS_DIR)")
+
+    r = sub.add_parser("run", help="optimise a task package's kernel: propose, evaluate, keep the best, repeat")
+    r.add_argument("dir", help="task package directory")
+    add_eval_options(r)
+    r.add_argument("--planner", choices=["auto", "llm", "offline", "replay"], default="auto",
+                   help="auto: llm when an endpoint is configured, else offline")
+    r.add_argument("--replay", metavar="FILE", help="recorded replies for --planner replay")
+    r.add_argument("--base-url", help="OpenAI-compatible endpoint (or OPTAGENT_BASE_URL)")
+    r.add_argument("--model", help="model name (or OPTAGENT_MODEL); key from OPTAGENT_API_KEY or OPENAI_API_KEY")
+    r.add_argument("--min-gain", type=float, default=0.01, help="smallest geomean gain that counts (default 0.01)")
+    r.add_argument("--patience", type=int, default=5, help="stop after this many steps without gain (default 5)")
+    r.add_argument("--max-steps", type=int, default=50, help="at most this many steps (default 50)")
+    r.add_argument("--time-limit", type=float, help="stop after this many seconds")
+    r.add_argument("--budget-usd", type=float, help="stop once LLM spending reaches this")
+    r.add_argument("--quiet", action="store_true")
+    r.add_argument("--json", action="store_true", help="print the final run state as JSON")
+    runs_opt(r)
+    r.set_defaults(fn=cmd_run)
+
+    s = sub.add_parser("resume", help="continue a stopped or killed run where it stopped")
+    s.add_argument("run_id")
+    s.add_argument("--force", action="store_true", help="resume even if the task package changed")
+    s.add_argument("--quiet", action="store_true")
+    s.add_argument("--json", action="store_true")
+    runs_opt(s)
+    s.set_defaults(fn=cmd_resume)
+
+    ls = sub.add_parser("runs", help="list runs")
+    runs_opt(ls)
+    ls.set_defaults(fn=cmd_runs)
+
+    sh = sub.add_parser("show", help="show one run, or one step of it")
+    sh.add_argument("run_id")
+    sh.add_argument("--step", type=int)
+    runs_opt(sh)
+    sh.set_defaults(fn=cmd_show)
+
+    lb = sub.add_parser("leaderboard", help="best kernel of every run, ranked per task")
+    lb.add_argument("--task", help="only this task")
+    lb.add_argument("--diff", action="store_true", help="print each best kernel as a diff against its starter")
+    lb.add_argument("--export", metavar="DIR", help="write the best kernel per task in the contest's submit form")
+    runs_opt(lb)
+    lb.set_defaults(fn=cmd_leaderboard)

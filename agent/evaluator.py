@@ -102,7 +102,7 @@ class SandboxEvaluator:
         error = run.first("error")
         tail = "\n".join(run.stderr_tail.strip().splitlines()[-15:]) or None
         extra = dict(device_name=hello.get("device_name"), baseline_label=hello.get("baseline_label"),
-                     log_tail=tail)
+                     log_tail=tail, gpu=hello.get("gpu"))
         if compiled is None:
             if error:
                 reason = f"harness failed before the candidate was loaded: {error['error']}"

@@ -101,11 +101,13 @@ def run_worker(job: Job, timeout_s: float) -> WorkerRun:
             [sys.executable, "-m", "optagent.worker", str(job_file), str(wfd)],
             pass_fds=(wfd,), start_new_session=True, env=child_env(job.device, job.nonce),
             cwd=scratch, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
         )
     os.close(wfd)
     chunks: list[bytes] = []
     timed_out = False
     deadline = start + timeout_s
+    interrupted = False
     try:
         while True:
             left = deadline - time.monotonic()
@@ -118,9 +120,12 @@ def run_worker(job: Job, timeout_s: float) -> WorkerRun:
                 if not data:
                     break
                 chunks.append(data)
+    except BaseException:  # Ctrl-C or a kill of our own: take the worker down with us
+        interrupted = True
+        raise
     finally:
         os.close(rfd)
-        if timed_out:
+        if timed_out or interrupted:
             _killpg(proc.pid)
         try:
             proc.wait(timeout=30 if not timed_out else 5)
@@ -132,6 +137,19 @@ def run_worker(job: Job, timeout_s: float) -> WorkerRun:
     tail = log_path.read_text(errors="replace")[-4000:] if log_path.exists() else ""
     return WorkerRun(parse_messages(b"".join(chunks), job.nonce), proc.returncode, timed_out,
                      time.monotonic() - start, tail)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it if the orchestrator dies (Linux prctl)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
 def _killpg(pid: int) -> None:

@@ -138,6 +138,7 @@ class EvalResult(Record):
     cases: list[CaseResult] = Field(default_factory=list)
     wall_s: float = Field(ge=0)
     log_tail: Optional[str] = None  # candidate stderr tail, for the planner
+    gpu: Optional[dict] = None  # name, sm_count, l2_mb, bandwidth_gbs of the device measured on
 
     @model_validator(mode="after")
     def _consistent(self) -> "EvalResult":
@@ -243,6 +244,9 @@ class RunConfig(Record):
     device: Literal["cuda", "cpu"]
     planner: str
     model: Optional[str] = None
+    base_url: Optional[str] = None
+    replay_file: Optional[str] = None
+    compiler: Optional[str] = None
     cases: Optional[str] = None
     timeout_s: float
     min_gain: float

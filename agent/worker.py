@@ -32,7 +32,8 @@ def _candidate(job: Job, chan: Channel) -> None:
 
     rt = TaskRuntime(job.task_dir, job.device)
     dev_name = torch.cuda.get_device_name(0) if job.device == "cuda" else "cpu"
-    chan.send("hello", baseline_label=rt.baseline_label, device_name=dev_name)
+    facts = bench.gpu_facts() if job.device == "cuda" else None
+    chan.send("hello", baseline_label=rt.baseline_label, device_name=dev_name, gpu=facts)
     t = job.timing
     timer = bench.Timer(job.device, t.min_iters, t.max_iters, t.budget_s, t.warmup)
     sync = torch.cuda.synchronize if job.device == "cuda" else (lambda: None)

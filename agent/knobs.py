@@ -1,0 +1,81 @@
+"""Tunable knobs of a kernel source: found, declared, and substituted textually.
+
+Declared knobs list their values::
+
+    BLOCK_N = 64  # knob: 16, 32, 64, 128          (Python)
+    #define THREADS 128  // knob: 64, 128, 256      (CUDA)
+
+Undeclared ones are found: literal ``num_warps=``/``num_stages=`` launch
+arguments, power-of-two module constants and ``#define``s whose names say they
+are sizes (BLOCK, TILE, SPLIT, WARPS, THREADS, STAGES...), tried at half and
+double their value.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+SIZE_NAME = re.compile(r"BLOCK|TILE|SPLIT|WARP|THREAD|STAGE|CHUNK|PAGES|GROUP|UNROLL|VEC", re.I)
+PY_DECLARED = re.compile(r"^(?P<name>[A-Z][A-Z0-9_]*)\s*=\s*(?P<value>\d+)\s*#\s*knob:\s*(?P<values>[\d,\s]+)$", re.M)
+CU_DECLARED = re.compile(r"^\s*#\s*define\s+(?P<name>[A-Z][A-Z0-9_]*)\s+(?P<value>\d+)\s*//\s*knob:\s*(?P<values>[\d,\s]+)$", re.M)
+PY_CONST = re.compile(r"^(?P<name>[A-Z][A-Z0-9_]*)\s*=\s*(?P<value>\d+)\s*$", re.M)
+CU_DEFINE = re.compile(r"^\s*#\s*define\s+(?P<name>[A-Z][A-Z0-9_]*)\s+(?P<value>\d+)\s*$", re.M)
+LAUNCH_KW = re.compile(r"\b(?P<name>num_warps|num_stages)\s*=\s*(?P<value>\d+)\b")
+LAUNCH_VALUES = {"num_warps": [1, 2, 4, 8, 16], "num_stages": [1, 2, 3, 4]}
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    value: int
+    values: tuple[int, ...]
+    start: int  # span of the value literal in the source
+    end: int
+
+
+def _pow2_neighbours(v: int) -> tuple[int, ...]:
+    if v <= 0 or v & (v - 1):
+        return (v,)
+    return tuple(x for x in (v // 2, v, v * 2) if x >= 1)
+
+
+def find_knobs(source: str) -> list[Knob]:
+    knobs: dict[str, Knob] = {}
+    for pattern in (PY_DECLARED, CU_DECLARED):
+        for m in pattern.finditer(source):
+            values = tuple(int(x) for x in m.group("values").replace(",", " ").split())
+            knobs[m.group("name")] = Knob(m.group("name"), int(m.group("value")), values, *m.span("value"))
+    for pattern in (PY_CONST, CU_DEFINE):
+        for m in pattern.finditer(source):
+            name = m.group("name")
+            if name in knobs or not SIZE_NAME.search(name):
+                continue
+            v = int(m.group("value"))
+            knobs[name] = Knob(name, v, _pow2_neighbours(v), *m.span("value"))
+    seen: dict[str, int] = {}
+    for m in LAUNCH_KW.finditer(source):
+        # Several launches may each set num_warps; number them so each is its own knob.
+        base = m.group("name")
+        seen[base] = seen.get(base, 0) + 1
+        name = base if seen[base] == 1 else f"{base}#{seen[base]}"
+        v = int(m.group("value"))
+        values = tuple(sorted(set(LAUNCH_VALUES[base]) | {v}))
+        knobs[name] = Knob(name, v, values, *m.span("value"))
+    return sorted(knobs.values(), key=lambda k: k.start)
+
+
+def set_knobs(source: str, values: dict[str, int]) -> str:
+    """The source with the named knobs set; unknown names are an error."""
+    knobs = {k.name: k for k in find_knobs(source)}
+    unknown = set(values) - set(knobs)
+    if unknown:
+        raise KeyError(f"no knob(s) {', '.join(sorted(unknown))} in the source")
+    out = source
+    for k in sorted((knobs[n] for n in values), key=lambda k: -k.start):
+        out = out[: k.start] + str(values[k.name]) + out[k.end:]
+    return out
+
+
+def knob_values(source: str) -> dict[str, int]:
+    return {k.name: k.value for k in find_knobs(source)}

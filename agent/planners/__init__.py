@@ -1,0 +1,1 @@
+"""Planners: what proposes the next kernel (an LLM, recorded replies, ...)."""
