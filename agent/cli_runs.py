@@ -48,7 +48,8 @@ def _planner(config: RunConfig, task: TaskPackage, con):
 
         return ReplayPlanner(config.replay_file)
     if config.planner == "llm":
-        from .llm import OpenAICompatLLM, llm_settings_from_env
+        from .llm import OpenAICompatLLM
+        from .llm_config import llm_settings_from_env
         from .planners.llm import LLMPlanner
 
         settings = llm_settings_from_env(config.base_url, config.model)
@@ -85,7 +86,7 @@ def _drive(store: RunStore, task: TaskPackage, a, con) -> int:
 
     cfg = store.config
     n = len(probe_task(task)["cases"]) if cfg.cases else 0
-    cases = select_cases(task, cfg.device, n, cfg.cases)
+    cases = select_cases(task, cfg.device, n, cfg.cases, hidden=cfg.hidden)
     evaluator = SandboxEvaluator(task, cfg.device, cases, timeout_s=cfg.timeout_s,
                                  compiler=shlex.split(cfg.compiler) if cfg.compiler else None)
     planner = _planner(cfg, task, con)
@@ -109,7 +110,7 @@ def _drive(store: RunStore, task: TaskPackage, a, con) -> int:
 
 def cmd_run(a) -> int:
     from .cli import UserError, _device
-    from .llm import llm_settings_from_env
+    from .llm_config import llm_settings_from_env
 
     task = load_task(a.dir)
     device = _device(a.device)
@@ -130,7 +131,7 @@ def cmd_run(a) -> int:
                        task_digest=task.digest(), language=language, device=device, planner=planner,
                        model=settings.model if settings else None, base_url=settings.base_url if settings else None,
                        replay_file=str(Path(a.replay).resolve()) if a.replay else None, compiler=a.compiler,
-                       cases=a.cases, timeout_s=a.timeout, min_gain=a.min_gain, patience=a.patience,
+                       cases=a.cases, hidden=not a.no_hidden, timeout_s=a.timeout, min_gain=a.min_gain, patience=a.patience,
                        max_steps=a.max_steps, time_limit_s=a.time_limit, budget_usd=a.budget_usd)
     store = RunStore.create(runs_dir(a.runs_dir), config, task.starter(language).source)
     return _drive(store, task, a, con)

@@ -20,6 +20,10 @@ from .sandbox import WorkerRun, new_scratch, remove_scratch, run_worker
 from .schema import CaseKind, CaseResult, EvalResult, Language, Status, Timing, worst
 from .task import TaskError, TaskPackage
 
+# Triton compiles at the first call; under the CPU interpreter the same mistakes
+# surface as an InterpreterError wrapping the Python error.
+COMPILE_FAILURE = re.compile(r"CompilationError|CompileError|InterpreterError: (NameError|SyntaxError|"
+                             r"AttributeError|TypeError|UnboundLocalError)")
 FLOOR_MARGIN = 0.9  # a time under 90% of the bytes/bandwidth floor is physically implausible
 
 
@@ -133,7 +137,7 @@ class SandboxEvaluator:
                 continue
             if msg is None:
                 status, reason = self._died(run, error)
-                cases.append(CaseResult(status=status, reason=f"case {spec.label}: {reason}", **row))
+                cases.append(CaseResult(status=status, reason=reason, **row))
                 stop = True
                 continue
             if msg["status"] != "RAN":
@@ -165,7 +169,7 @@ class SandboxEvaluator:
             return Status.TIMEOUT, f"did not finish within the {self.timeout_s:.0f} s limit"
         if error:
             text = error["error"]
-            if "CompilationError" in text or "CompileError" in text:
+            if COMPILE_FAILURE.search(text):
                 return Status.COMPILE_ERROR, text[:600]
             return Status.RUNTIME_ERROR, text[:600]
         lines = [ln for ln in run.stderr_tail.strip().splitlines() if ln.strip()][-3:]
@@ -215,7 +219,8 @@ def probe_task(task: TaskPackage, timeout_s: float = 600.0) -> dict:
     if err:
         text = err["error"]
         path = task.config_path
-        if str(task.root) in text:  # the message already names the file
-            raise TaskError(path, text.split(": ", 1)[-1] if text.startswith("RuntimeError") else text)
+        named = f"RuntimeError: {path}: "
+        if text.startswith(named):  # the harness already named the file
+            raise TaskError(path, text[len(named):])
         raise TaskError(path, f"loading failed: {text}")
     raise TaskError(task.config_path, f"probing {'timed out' if run.timed_out else run.exit_text}")

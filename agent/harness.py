@@ -67,6 +67,9 @@ class TaskRuntime:
 
     @property
     def baseline_label(self) -> str:
+        declared = getattr(self.config, "BASELINE_LABEL", None)
+        if isinstance(declared, str) and declared:
+            return declared
         uses_flash = "flash_attn" in self.task.config_path.read_text(encoding="utf-8")
         if uses_flash and self.standin:
             return "flash_attn_with_kvcache (optagent PyTorch stand-in: flash_attn not installed)"

@@ -248,6 +248,7 @@ class RunConfig(Record):
     replay_file: Optional[str] = None
     compiler: Optional[str] = None
     cases: Optional[str] = None
+    hidden: bool = True
     timeout_s: float
     min_gain: float
     patience: int

@@ -340,7 +340,20 @@ def test_llm_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
 # ---------------------------------------------------------------- replay
 
 
+def _no_attempts(ctx: PlannerContext) -> PlannerContext:
+    # The replay planner resumes after the steps a context records; these tests start fresh.
+    return PlannerContext(**{**ctx.__dict__, "attempts": [ctx.attempts[0]]})
+
+
+def test_replay_resumes_after_recorded_steps(ctx: PlannerContext) -> None:
+    planner = ReplayPlanner(FIXTURE)
+    resumed = PlannerContext(**{**ctx.__dict__, "attempts": ctx.attempts[:3]})  # starter + 2 replies done
+    third = planner.propose(resumed)
+    assert third.source is not None and "BLOCK_N = 64  # knob" in third.source
+
+
 def test_replay_fixture_applies_like_the_llm_planner(ctx: PlannerContext) -> None:
+    ctx = _no_attempts(ctx)
     planner = ReplayPlanner(FIXTURE)
     assert planner.name == "replay" and planner.model is None
     first = planner.propose(ctx)
@@ -358,7 +371,7 @@ def test_replay_fixture_applies_like_the_llm_planner(ctx: PlannerContext) -> Non
 @pytest.mark.skipif(not STARTER.is_file(), reason="the Triton decode starter is not written yet")
 def test_replay_fixture_applies_to_the_real_decode_starter(ctx: PlannerContext) -> None:
     source = STARTER.read_text()
-    real = PlannerContext(**{**ctx.__dict__, "starter_source": source, "best_source": source})
+    real = PlannerContext(**{**_no_attempts(ctx).__dict__, "starter_source": source, "best_source": source})
     planner = ReplayPlanner(FIXTURE)
     first, second = planner.propose(real), planner.propose(real)
     assert first.source is not None and "BLOCK_N = 32" in first.source
@@ -369,6 +382,7 @@ def test_replay_fixture_applies_to_the_real_decode_starter(ctx: PlannerContext) 
 def test_replay_reads_a_json_list(tmp_path: Path, ctx: PlannerContext) -> None:
     path = tmp_path / "replies.json"
     path.write_text(json.dumps([GOOD, {"reply": "no code here", "idea": "nothing"}]))
+    ctx = _no_attempts(ctx)
     planner = ReplayPlanner(path)
     assert planner.propose(ctx).source is not None
     empty = planner.propose(ctx)

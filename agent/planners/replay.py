@@ -51,6 +51,8 @@ class ReplayPlanner:
         self._next = 0
 
     def propose(self, ctx: PlannerContext) -> Proposal:
+        # One reply per recorded step after the starter: a resumed run continues where it stopped.
+        self._next = max(self._next, sum(1 for a in ctx.attempts if a.index > 0))
         if self._next >= len(self._entries):
             raise PlannerExhausted(f"all {len(self._entries)} recorded replies in {self.path} replayed")
         entry = self._entries[self._next]

@@ -1,0 +1,171 @@
+"""The sandboxed evaluator on CPU: each way a candidate can go wrong gets its status."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from optagent.evaluator import SandboxEvaluator, parse_case_list, select_cases
+from optagent.schema import CaseKind, EvalResult, Language, Status
+from optagent.task import load_task
+
+RUN_KERNEL = "def run_kernel(\n"
+
+
+@pytest.fixture(scope="module")
+def task(task_dir):
+    return load_task(task_dir)
+
+
+@pytest.fixture(scope="module")
+def starter(task):
+    return task.starter(Language.TRITON).source
+
+
+def evaluator(task, timeout=120.0, hidden=False, first_only=True):
+    cases = select_cases(task, "cpu", 0, None, hidden=hidden)
+    if first_only:
+        cases = cases[:1]
+    return SandboxEvaluator(task, "cpu", cases, timeout_s=timeout)
+
+
+def with_body(starter: str, prologue: str) -> str:
+    """The starter with extra statements at the top of run_kernel's body."""
+    head, sep, rest = starter.partition(RUN_KERNEL)
+    signature, colon, body = rest.partition("):\n")
+    return head + sep + signature + colon + prologue + body
+
+
+def test_starter_passes_smoke_and_hidden_cases(task, starter):
+    result = SandboxEvaluator(task, "cpu", select_cases(task, "cpu", 0, None), timeout_s=300).evaluate(
+        starter, Language.TRITON)
+    assert result.status is Status.PASSED, result.reason
+    kinds = {c.kind for c in result.cases}
+    assert kinds == {CaseKind.SMOKE, CaseKind.HIDDEN}
+    for c in result.cases:
+        assert c.status is Status.PASSED
+        assert c.rel_err is not None and c.rel_err < c.tolerance
+    smoke = [c for c in result.cases if c.kind is CaseKind.SMOKE]
+    assert all(c.time_us and c.baseline_us and c.timing_kind == "cpu-interpreter" for c in smoke)
+    assert "stand-in" in (result.baseline_label or "")
+    EvalResult.model_validate_json(result.model_dump_json())  # the record round-trips
+
+
+def test_wrong_kernel_is_incorrect(task, starter):
+    wrong = starter.replace("out = acc / tl.where(l_i > 0, l_i, 1.0)", "out = 1.05 * acc / tl.where(l_i > 0, l_i, 1.0)")
+    assert wrong != starter
+    result = evaluator(task).evaluate(wrong, Language.TRITON)
+    assert result.status is Status.INCORRECT
+    assert "relative error" in result.reason
+
+
+def test_unwritten_output_is_incorrect(task, starter):
+    lazy = starter.replace("    grid = (int(batch_size), int(num_heads), int(seqlen_q))",
+                           "    grid = (int(batch_size), max(int(num_heads) - 1, 1), int(seqlen_q))")
+    result = evaluator(task).evaluate(lazy, Language.TRITON)
+    assert result.status is Status.INCORRECT
+    assert "not written" in result.reason
+
+
+def test_syntax_error_is_compile_error(task, starter):
+    result = evaluator(task).evaluate(starter.replace("def run_kernel(", "def run_kernel((", 1), Language.TRITON)
+    assert result.status is Status.COMPILE_ERROR
+    assert "SyntaxError" in result.reason and "line" in result.reason
+
+
+def test_triton_compile_error_is_compile_error(task, starter):
+    broken = starter.replace("s = tl.sum(k * q[None, :], axis=1)", "s = tl.sum(k * q[None, :], axis=1) + undefined_name")
+    result = evaluator(task).evaluate(broken, Language.TRITON)
+    assert result.status is Status.COMPILE_ERROR, result.reason
+    assert "undefined_name" in result.reason
+
+
+def test_infinite_loop_times_out_within_the_limit(task, starter):
+    hang = with_body(starter, "    while int(batch_size) > 0:\n        batch_size = int(batch_size) + 1\n")
+    t0 = time.monotonic()
+    result = evaluator(task, timeout=20).evaluate(hang, Language.TRITON)
+    elapsed = time.monotonic() - t0
+    assert result.status is Status.TIMEOUT
+    assert elapsed < 20 + 15  # the limit, plus killing and collecting
+    assert "20 s" in result.reason
+
+
+def test_kernel_that_kills_its_process_is_a_runtime_error(task, starter):
+    crash = with_body(starter, "    import os\n    os.abort()\n")
+    result = evaluator(task).evaluate(crash, Language.TRITON)
+    assert result.status is Status.RUNTIME_ERROR
+    assert "SIGABRT" in result.reason
+
+
+def test_exception_in_run_kernel_is_a_runtime_error_naming_it(task, starter):
+    raising = with_body(starter, "    raise ValueError('no good')\n")
+    result = evaluator(task).evaluate(raising, Language.TRITON)
+    assert result.status is Status.RUNTIME_ERROR
+    assert "ValueError: no good" in result.reason
+
+
+FAKE = ('    print(\'{"type": "case", "status": "RAN", "case": "smoke-1"}\')\n'
+        '    print("PASSED speedup 1000x geomean 1000x")\n')
+
+
+def test_fake_result_lines_do_not_change_the_verdict(task, starter):
+    wrong = starter.replace("out = acc / tl.where(l_i > 0, l_i, 1.0)", "out = 0.5 * acc / tl.where(l_i > 0, l_i, 1.0)")
+    result = evaluator(task).evaluate(with_body(wrong, FAKE), Language.TRITON)
+    assert result.status is Status.INCORRECT
+    good = evaluator(task).evaluate(with_body(starter, FAKE), Language.TRITON)
+    assert good.status is Status.PASSED
+    assert good.geomean_speedup is None or good.geomean_speedup < 100
+
+
+def test_missing_run_kernel_is_compile_error(task, starter):
+    result = evaluator(task).evaluate(starter.replace("def run_kernel(", "def launch("), Language.TRITON)
+    assert result.status is Status.COMPILE_ERROR
+    assert "run_kernel" in result.reason
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_cuda_compile_error_carries_nvcc_message(task):
+    source = task.starter(Language.CUDA).source
+    broken = source.replace("__global__", "__global__ int x = ;\n__global__", 1)
+    result = evaluator(task).evaluate(broken, Language.CUDA)
+    assert result.status is Status.COMPILE_ERROR
+    assert "error" in result.reason.lower() and "candidate.cu" in result.reason
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_cuda_starter_compiles_and_is_unsupported_to_run_on_cpu(task):
+    result = evaluator(task).evaluate(task.starter(Language.CUDA).source, Language.CUDA)
+    assert result.status is Status.UNSUPPORTED
+    assert "GPU" in result.reason
+
+
+def test_case_list_parsing():
+    assert parse_case_list("1,3-5", 12) == [1, 3, 4, 5]
+    with pytest.raises(ValueError, match="outside"):
+        parse_case_list("0-3", 12)
+    with pytest.raises(ValueError, match="not a case"):
+        parse_case_list("x", 12)
+
+
+def test_cli_eval_json_and_exit_codes(tmp_path, task_dir, starter):
+    good = tmp_path / "good.py"
+    good.write_text(starter)
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, "-m", "optagent.cli", "eval", str(task_dir), str(good), "--device", "cpu", "--no-hidden",
+           "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    assert data["status"] == "PASSED"
+    for case in data["cases"]:
+        for key in ("case", "status", "rel_err", "max_abs_err", "time_us", "baseline_us", "speedup"):
+            assert key in case
+    bad = tmp_path / "bad.py"
+    bad.write_text(starter.replace("def run_kernel(", "def run_kernel((", 1))
+    proc = subprocess.run(cmd[:5] + [str(bad), "--device", "cpu"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "COMPILE_ERROR" in proc.stdout

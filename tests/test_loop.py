@@ -1,0 +1,205 @@
+"""The loop's rules with a scripted evaluator: acceptance, stop conditions, recording."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from optagent.knobs import find_knobs, set_knobs
+from optagent.loop import Limits, Loop
+from optagent.planners.offline import OfflinePlanner, run_kernel_params
+from optagent.protocols import PlannerContext, PlannerExhausted
+from optagent.schema import (CaseKind, CaseResult, EvalResult, Language, Proposal, RunConfig, RunStatus, Status,
+                             StepOutcome, Timing, Usage)
+from optagent.store import RunStore, new_run_id
+from optagent.task import load_task
+
+
+def result(source: str, time_us: float | None, spread: float = 0.0, status: Status = Status.PASSED) -> EvalResult:
+    sha = hashlib.sha256(source.encode()).hexdigest()
+    if status is not Status.PASSED:
+        return EvalResult(status=status, reason="scripted failure", language=Language.TRITON, device="cpu",
+                          source_sha256=sha, wall_s=0.0)
+    t = Timing(median_us=time_us, p10_us=time_us * (1 - spread), p90_us=time_us * (1 + spread), samples=10)
+    case = CaseResult(case="1", kind=CaseKind.CONTEST, status=Status.PASSED, time=t, time_us=time_us,
+                      baseline_us=100.0, rel_err=1e-3)
+    return EvalResult(status=Status.PASSED, language=Language.TRITON, device="cpu", source_sha256=sha,
+                      cases=[case], wall_s=0.0)
+
+
+class ScriptedEvaluator:
+    """Times per source; a list gives successive timings (first evaluation, then re-times)."""
+
+    device = "cpu"
+
+    def __init__(self, times: dict[str, list], spread: float = 0.0):
+        self.times, self.spread, self.calls = times, spread, []
+
+    def evaluate(self, source: str, language: Language) -> EvalResult:
+        self.calls.append(source)
+        seq = self.times[source]
+        value = seq.pop(0) if len(seq) > 1 else seq[0]
+        if isinstance(value, Status):
+            return result(source, None, status=value)
+        return result(source, value, self.spread)
+
+
+class ScriptedPlanner:
+    name, model = "scripted", None
+
+    def __init__(self, sources: list[str], cost: float = 0.0):
+        self.sources, self.cost, self.contexts = list(sources), cost, []
+
+    def propose(self, ctx: PlannerContext) -> Proposal:
+        self.contexts.append(ctx)
+        if not self.sources:
+            raise PlannerExhausted("done")
+        src = self.sources.pop(0)
+        if src is None:
+            return Proposal(idea="nothing", error="reply held no kernel", usage=Usage(cost_usd=self.cost))
+        return Proposal(source=src, idea=f"try {src}", usage=Usage(prompt_tokens=10, cost_usd=self.cost))
+
+
+@pytest.fixture
+def make_run(tmp_path, task_dir):
+    task = load_task(task_dir)
+
+    def make(planner, evaluator, **limits):
+        cfg = RunConfig(run_id=new_run_id(task.name), task_dir=str(task.root), task_name=task.name,
+                        task_digest="x", language=Language.TRITON, device="cpu", planner="scripted",
+                        timeout_s=10, min_gain=limits.get("min_gain", 0.01), patience=limits.get("patience", 5),
+                        max_steps=limits.get("max_steps", 50))
+        store = RunStore.create(tmp_path / "runs", cfg, "starter")
+        return store, Loop(store, task, planner, evaluator, Limits(**limits))
+    return make
+
+
+def test_faster_candidate_is_accepted_after_back_to_back_retime(make_run):
+    ev = ScriptedEvaluator({"starter": [100.0], "fast": [50.0]})
+    store, loop = make_run(ScriptedPlanner(["fast"]), ev)
+    state = loop.run()
+    assert state.status is RunStatus.EXHAUSTED
+    steps = store.steps()
+    assert [s.outcome for s in steps] == [StepOutcome.BASELINE, StepOutcome.ACCEPTED]
+    assert ev.calls == ["starter", "fast", "starter", "fast"]  # the retime ran both again
+    assert "re-timed back to back" in steps[1].retime_note
+    assert store.best()[0] == "fast"
+    assert (store.path / "best" / "diff.patch").read_text().count("+fast") == 1
+
+
+def test_gain_within_noise_is_not_accepted(make_run):
+    ev = ScriptedEvaluator({"starter": [100.0], "same": [90.0, 95.0]}, spread=0.2)
+    store, loop = make_run(ScriptedPlanner(["same"]), ev)
+    loop.run()
+    assert store.steps()[1].outcome is StepOutcome.NOT_BETTER
+    assert store.best()[0] == "starter"
+
+
+def test_small_gain_skips_the_retime(make_run):
+    ev = ScriptedEvaluator({"starter": [100.0], "meh": [99.5]})
+    store, loop = make_run(ScriptedPlanner(["meh"]), ev)
+    loop.run()
+    assert store.steps()[1].outcome is StepOutcome.NOT_BETTER and ev.calls == ["starter", "meh"]
+
+
+def test_patience_stops_the_run(make_run):
+    sources = [f"slow{i}" for i in range(10)]
+    ev = ScriptedEvaluator({"starter": [100.0], **{s: [120.0] for s in sources}})
+    store, loop = make_run(ScriptedPlanner(sources), ev, patience=3)
+    state = loop.run()
+    assert state.status is RunStatus.CONVERGED and state.steps == 4
+
+
+def test_failures_and_empty_replies_are_recorded_steps(make_run):
+    ev = ScriptedEvaluator({"starter": [100.0], "broken": [Status.COMPILE_ERROR]})
+    store, loop = make_run(ScriptedPlanner(["broken", None]), ev)
+    loop.run()
+    steps = store.steps()
+    assert [s.outcome for s in steps] == [StepOutcome.BASELINE, StepOutcome.FAILED, StepOutcome.NO_KERNEL]
+    assert steps[2].error == "reply held no kernel"
+
+
+def test_max_steps_and_budget(make_run):
+    sources = [f"s{i}" for i in range(10)]
+    ev = ScriptedEvaluator({"starter": [100.0], **{s: [100.0 - i] for i, s in enumerate(sources)}})
+    store, loop = make_run(ScriptedPlanner(sources), ev, max_steps=2)
+    assert loop.run().status is RunStatus.MAX_STEPS
+    ev2 = ScriptedEvaluator({"starter": [100.0], **{s: [120.0] for s in sources}})
+    store2, loop2 = make_run(ScriptedPlanner(list(sources), cost=0.4), ev2, budget_usd=1.0)
+    state = loop2.run()
+    assert state.status is RunStatus.BUDGET and state.usage.cost_usd >= 1.0 and state.steps == 4
+
+
+def test_planner_sees_best_and_attempts(make_run):
+    ev = ScriptedEvaluator({"starter": [100.0], "fast": [50.0], "x": [Status.INCORRECT]})
+    planner = ScriptedPlanner(["fast", "x", "y"])
+    ev.times["y"] = [60.0]
+    store, loop = make_run(planner, ev)
+    loop.run()
+    ctx = planner.contexts[2]
+    assert ctx.best_source == "fast" and ctx.best_result.geomean_time_us == pytest.approx(50.0)
+    assert [a.outcome for a in ctx.attempts] == ["BASELINE", "ACCEPTED", "FAILED"]
+    assert ctx.attempts[2].error == "scripted failure" and ctx.attempts[1].source == "fast"
+
+
+def test_resume_reevaluates_an_unfinished_step(make_run):
+    ev = ScriptedEvaluator({"starter": [100.0], "a": [50.0], "b": [40.0]})
+    store, loop = make_run(ScriptedPlanner(["a"]), ev)
+    loop.run()
+    # As if killed after saving step 2's proposal but before its result:
+    store.save_proposal(2, Proposal(source="b", idea="try b"), Language.TRITON)
+    planner = ScriptedPlanner([])
+    loop2 = Loop(store, loop.task, planner, ev, Limits())
+    loop2.run()
+    steps = store.steps()
+    assert [s.index for s in steps] == [0, 1, 2] and steps[2].idea == "try b"
+    assert store.best()[0] == "b"
+
+
+STARTER = '''import triton
+BLOCK_N = 16  # knob: 16, 32, 64
+SPLITS = 4
+def run_kernel(q, k, out):
+    kern[(1,)](q, BLOCK_N=BLOCK_N, num_warps=4, num_stages=2)
+'''
+
+
+def test_knobs_found_and_set():
+    knobs = {k.name: k for k in find_knobs(STARTER)}
+    assert knobs["BLOCK_N"].values == (16, 32, 64)
+    assert knobs["SPLITS"].values == (2, 4, 8)
+    assert 8 in knobs["num_warps"].values and knobs["num_stages"].value == 2
+    changed = set_knobs(STARTER, {"BLOCK_N": 64, "num_warps": 8})
+    assert "BLOCK_N = 64  # knob" in changed and "num_warps=8" in changed
+    with pytest.raises(KeyError):
+        set_knobs(STARTER, {"NOPE": 1})
+
+
+def test_offline_planner_walks_knobs_then_stops():
+    planner = OfflinePlanner(Language.TRITON, family=None, params=run_kernel_params(STARTER))
+    assert run_kernel_params(STARTER) == ["q", "k", "out"]
+    ctx = PlannerContext("t", "t", "", "", Language.TRITON, STARTER, STARTER, None)
+    seen = set()
+    from optagent.protocols import Attempt
+
+    for i in range(1, 100):
+        try:
+            p = planner.propose(ctx)
+        except PlannerExhausted:
+            break
+        assert p.source not in seen
+        seen.add(p.source)
+        ctx.attempts.append(Attempt(i, p.idea, "NOT_BETTER", None, None, p.source))
+    assert len(seen) == len({set_knobs(STARTER, {k.name: v}) for k in find_knobs(STARTER)
+                             for v in k.values if v != k.value})
+
+
+def test_offline_planner_finds_strategies_for_the_decode_family(task_dir):
+    task = load_task(task_dir)
+    planner = OfflinePlanner(Language.TRITON, task.manifest.family, run_kernel_params(task.starter(Language.TRITON).source))
+    if not Path(planner.strategies[0].source if planner.strategies else "").name and not planner.strategies:
+        pytest.skip("no strategies in the library yet")
+    ctx = PlannerContext("t", "t", "", "", Language.TRITON, "starter", "starter", None)
+    assert planner.propose(ctx).idea.startswith("strategy ")
