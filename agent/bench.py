@@ -95,10 +95,31 @@ class Timer:
             i += 1
         return stats(samples)
 
-    def graph(self, fn: Callable, arg_sets: list[list]) -> tuple[Optional[dict], Optional[str]]:
-        """GPU time by CUDA-graph replay, one graph per input set; None with a reason if not capturable."""
+    def gpu(self, fn: Callable, arg_sets: list[list], capturable: bool = True) -> tuple[Optional[dict], Optional[str]]:
+        """GPU time: CUDA-graph replay where the kernel can be captured, else events around the call."""
         if self.device != "cuda":
             return None, "no GPU"
+        if not capturable:
+            return self._events(fn, arg_sets), "events around the call (not capturable in a CUDA graph)"
+        return self._graph(fn, arg_sets)
+
+    def _events(self, fn: Callable, arg_sets: list[list]) -> dict:
+        start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+        samples: list[float] = []
+        deadline = _perf_counter() + self.budget_s
+        i = 0
+        while i < self.max_iters and (i < self.min_iters or _perf_counter() < deadline):
+            self.flush_l2()
+            _synchronize()
+            _record(start)
+            fn(*arg_sets[i % len(arg_sets)])
+            _record(end)
+            _synchronize()
+            samples.append(_elapsed_time(start, end) * 1e3)
+            i += 1
+        return stats(samples)
+
+    def _graph(self, fn: Callable, arg_sets: list[list]) -> tuple[Optional[dict], Optional[str]]:
         graphs = []
         try:
             side = torch.cuda.Stream()

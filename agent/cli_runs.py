@@ -85,7 +85,7 @@ def _drive(store: RunStore, task: TaskPackage, a, con) -> int:
     from .loop import Limits, Loop
 
     cfg = store.config
-    n = len(probe_task(task)["cases"]) if cfg.cases else 0
+    n = len(probe_task(task)["cases"]) if (cfg.cases or cfg.device == "cuda") else 0
     cases = select_cases(task, cfg.device, n, cfg.cases, hidden=cfg.hidden)
     evaluator = SandboxEvaluator(task, cfg.device, cases, timeout_s=cfg.timeout_s,
                                  compiler=shlex.split(cfg.compiler) if cfg.compiler else None)
@@ -197,6 +197,10 @@ def cmd_leaderboard(a) -> int:
 
     entries = gather(runs_dir(a.runs_dir), a.task)
     print_board(console(), entries, diff=a.diff)
+    if a.html:
+        from .report import write_leaderboard_html
+
+        console().print(f"wrote {write_leaderboard_html(entries, Path(a.html))}", markup=False)
     if a.export:
         for path in export(entries, Path(a.export)):
             console().print(f"exported {path}")
@@ -248,6 +252,7 @@ def add_run_commands(sub: argparse._SubParsersAction) -> None:
     lb = sub.add_parser("leaderboard", help="best kernel of every run, ranked per task")
     lb.add_argument("--task", help="only this task")
     lb.add_argument("--diff", action="store_true", help="print each best kernel as a diff against its starter")
+    lb.add_argument("--html", metavar="FILE", help="write the leaderboard as a self-contained HTML page")
     lb.add_argument("--export", metavar="DIR", help="write the best kernel per task in the contest's submit form")
     runs_opt(lb)
     lb.set_defaults(fn=cmd_leaderboard)

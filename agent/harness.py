@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import math
 import sys
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -100,7 +101,7 @@ class TaskRuntime:
             with redirect_stdout(io.StringIO()):
                 args = list(self.config.genTestCase(sizes, self.device))
             if seed is not None:
-                refresh_floats(args, seed, skip=set(self.outputs(args)))
+                refresh_floats(args, seed, float_scales(args, set(self.outputs(args))))
             return args, sizes
         assert self.hooks is not None and case.params is not None
         base = 0 if seed is None else seed
@@ -120,16 +121,26 @@ class TaskRuntime:
         return " ".join("x".join(map(str, s)) for s in shapes[:2])
 
 
-def refresh_floats(args: list, seed: int, skip: set[int]) -> None:
-    """Redraw every floating input tensor in place, keeping its scale."""
+def float_scales(args: list, skip: set[int]) -> dict[int, float]:
+    """The spread of every floating input tensor, to redraw it at the same scale."""
+    scales = {}
     for i, a in enumerate(args):
-        if i in skip or not isinstance(a, torch.Tensor) or not a.is_floating_point():
-            continue
+        if i not in skip and isinstance(a, torch.Tensor) and a.is_floating_point():
+            std = float(a.float().std()) if a.numel() > 1 else 1.0
+            scales[i] = std if math.isfinite(std) and std > 0 else 1.0
+    return scales
+
+
+def refresh_floats(args: list, seed: int, scales: dict[int, float]) -> None:
+    """Redraw the floating input tensors in place from seed alone (not from their
+    current values), so the judge can rebuild any redraw from the seed and the
+    scales of the case's base inputs."""
+    for i, scale in scales.items():
+        a = args[i]
         gen = torch.Generator(device=a.device)
         gen.manual_seed(seed * 1000 + i)
-        std = float(a.float().std()) if a.numel() > 1 else 1.0
         fresh = torch.randn(a.shape, generator=gen, dtype=torch.float32, device=a.device)
-        a.copy_((fresh * (std if std > 0 else 1.0)).to(a.dtype))
+        a.copy_((fresh * scale).to(a.dtype))
 
 
 def clone_args(args: list) -> list:

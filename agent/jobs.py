@@ -24,9 +24,9 @@ class CaseSpec(Record):
 
 
 class TimingSpec(Record):
-    min_iters: int = 10
+    min_iters: int = 20
     max_iters: int = 200
-    budget_s: float = 0.5  # per case and per timed callable
+    budget_s: float = 0.3  # per case and per timed callable
     input_sets: int = 3  # rotated fresh float inputs (keeps L2 and caches honest)
     warmup: int = 3
 

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from .harness import TaskRuntime, clone_args, refresh_floats
+from .harness import TaskRuntime, clone_args, float_scales, refresh_floats
 from .jobs import CaseSpec, Channel, Job
 from .schema import CaseKind
 
@@ -30,7 +30,7 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def _rebuild(rt: TaskRuntime, case: CaseSpec, sample: dict) -> tuple[list, object]:
     args, sizes = rt.make_args(case, sample["base_seed"])
     if sample.get("refresh_seed") is not None:
-        refresh_floats(args, sample["refresh_seed"], skip=set(rt.outputs(args)))
+        refresh_floats(args, sample["refresh_seed"], float_scales(args, set(rt.outputs(args))))
     return args, sizes
 
 

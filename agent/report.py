@@ -388,15 +388,17 @@ def case_chart(result: EvalResult, cpu: bool, width: int = 1000, height: int = 3
         step = nice_step(hi_v * 1.05, 5)
         ys = Scale(0.0, math.ceil(hi_v * 1.05 / step) * step, bottom, top)
     unit = " µs (CPU interpreter)" if cpu else " µs"
-    bar_w = min(26.0, group_w * 0.8 / 3)
+    have_floor = any(c.floor_us for c in cases)
+    series = SERIES if have_floor else SERIES[:2]
+    bar_w = min(26.0, group_w * 0.8 / len(series))
     groups = []
     for i, c in enumerate(cases):
         cx = left + group_w * (i + 0.5)
         bars = []
-        for j, ((name, color), v) in enumerate(zip(SERIES, (c.time_us, c.baseline_us, c.floor_us))):
+        for j, ((name, color), v) in enumerate(zip(series, (c.time_us, c.baseline_us, c.floor_us))):
             if not v:
                 continue
-            x = cx + (j - 1.5) * bar_w
+            x = cx + (j - len(series) / 2) * bar_w
             y = ys(v)
             what = {"best kernel": "best kernel", "baseline": f"baseline ({result.baseline_label or 'reference'})",
                     "hardware floor": "hardware floor (bytes / measured bandwidth)"}[name]
@@ -407,9 +409,7 @@ def case_chart(result: EvalResult, cpu: bool, width: int = 1000, height: int = 3
         groups.append(BarGroup(c.case, c.sizes or "", cx, bars, note,
                                "#15803d" if (c.speedup or 0) >= 1 else "#b91c1c", top_y - 6, wrapped[c.case]))
     legend, lx = [], left
-    for name, color in SERIES:
-        if name == "hardware floor" and not any(c.floor_us for c in cases):
-            continue
+    for name, color in series:
         legend.append(dict(x=lx, y=12, color=color, label=name))
         lx += 30 + 7 * len(name)
     return BarChart(width, height, left, top, right, bottom, [(ys(v), tick_label(v)) for v in ys.ticks()], groups,

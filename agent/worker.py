@@ -27,7 +27,7 @@ def _candidate(job: Job, chan: Channel) -> None:
     from . import bench
     from .backends import CompileError, Unsupported, backend_for
     from .checks import lock_imports
-    from .harness import TaskRuntime, poison, refresh_floats
+    from .harness import TaskRuntime, float_scales, poison, refresh_floats
     from .schema import CaseKind
 
     rt = TaskRuntime(job.task_dir, job.device)
@@ -105,6 +105,7 @@ def _candidate(job: Job, chan: Channel) -> None:
         base_seeds = [job.seed + 7919 * k for k in range(t.input_sets)]
         sets = [rt.make_args(case, s)[0] for s in base_seeds]
         outs = rt.outputs(sets[0])
+        scales = [float_scales(a, set(outs)) for a in sets]  # of the base inputs, as the judge computes them
         refresh: dict[int, int | None] = {k: None for k in range(len(sets))}
         last_out: dict[int, dict] = {}
 
@@ -117,7 +118,7 @@ def _candidate(job: Job, chan: Channel) -> None:
             for j in outs:
                 poison(args[j])
             refresh[k] = job.seed * 31 + 1000003 * (i + 1) + k
-            refresh_floats(args, refresh[k], skip=set(outs))
+            refresh_floats(args, refresh[k], scales[k])
 
         for args in sets:
             for j in outs:
@@ -128,7 +129,7 @@ def _candidate(job: Job, chan: Channel) -> None:
             seed = saved.pop("seed")
             torch.save(saved, path)
             samples.append({"name": f"timed{k}", "base_seed": base_seeds[k], "refresh_seed": seed, "file": str(path)})
-        gpu, gpu_note = timer.graph(fn, sets)
+        gpu, gpu_note = timer.gpu(fn, sets, capturable=getattr(backend, "graph_capturable", True))
         del sets
         chan.send("case", case=case.label, status="RAN", samples=samples, timing=timing, gpu=gpu,
                   gpu_note=gpu_note, load_ms=load_ms)

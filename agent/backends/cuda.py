@@ -65,6 +65,10 @@ def cache_dir() -> Path:
 
 
 class CudaBackend:
+    # run_kernel launches on the legacy default stream, which a CUDA graph
+    # capture on torch's capture stream does not record: time it with events.
+    graph_capturable = False
+
     def __init__(self, device: str, compiler: list[str] | None, compile_timeout_s: float):
         self.device = device
         self.compiler = compiler or shlex.split(os.environ.get("OPTAGENT_NVCC", DEFAULT_COMPILER))

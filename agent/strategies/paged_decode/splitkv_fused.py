@@ -309,43 +309,50 @@ def _cdiv(a, b):
     return -(-a // b)
 
 
-def _make_plan(q, block_table, batch_size, seqlen_k, seqlen_q, num_heads, num_heads_k,
+def _make_plan(q, k, v, out, seqlens, block_table, batch_size, seqlen_k, seqlen_q, num_heads, num_heads_k,
                headdim, page_block_size, causal):
     B, SQ, H, HK, D, PAGE = (int(batch_size), int(seqlen_q), int(num_heads), int(num_heads_k),
                              int(headdim), int(page_block_size))
     if HK <= 0 or H % HK != 0:
         raise ValueError(f"num_heads {H} must be a multiple of num_heads_k {HK}")
+    dev = q.device
+    # trip counts are runtime values on a GPU (one compile serves every length) and
+    # compile-time ones in the CPU interpreter, which cannot loop to a runtime bound
+    interp = dev.type != "cuda"
     GROUP = H // HK
     ROWS = GROUP * SQ
     ROWS_P = 1 if ROWS == 1 else max(16, _next_pow2(ROWS))
     DP = max(16, _next_pow2(D))
     BLOCK_N = max(16, _next_pow2(PAGES_PER_ITER * PAGE))
     units = B * HK
+    n_rows = B * SQ * H
     iters_total = max(1, _cdiv(max(int(seqlen_k), 1), BLOCK_N))
-    n_splits = max(1, min((WAVES * _resident(q, k, v, out, seqlens, block_table, PAGE, BLOCK_N, kw0)
-                           * _sm_count(q.device)) // units, iters_total))
+    qk_scale = (1.0 / math.sqrt(D)) * LOG2E
+    bt_info = (int(block_table.stride(0)), int(block_table.shape[1]) * PAGE)
+
+    def kwargs(iters, n_chunks):
+        return dict(H=H, HK=HK, GROUP=GROUP, SQ=SQ, D=D, DP=DP, PAGE=PAGE, BLOCK_N=BLOCK_N,
+                    ITERS=iters if interp else 0, ROWS=ROWS, ROWS_P=ROWS_P, IS_CAUSAL=bool(causal) and SQ > 1,
+                    DOT_F32=interp, CHUNK=SPLIT_CHUNK, NCHUNK=n_chunks if interp else 0,
+                    num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+
+    # programs: about WAVES x (programs resident per SM) x SMs, splits of equal length
+    dummy = torch.empty(1, dtype=torch.float32, device=dev)
+    resident = 4 if interp else _resident_per_sm(
+        _paged_decode_split, (q, k, v, out, dummy, dummy, dummy, dummy, seqlens, block_table) + bt_info
+        + (3, 3 * BLOCK_N, 3, 3, qk_scale), kwargs(3, 3))
+    n_splits = max(1, min((WAVES * resident * _sm_count(dev)) // units, iters_total))
     iters = _cdiv(iters_total, n_splits)  # whole iterations per split
     n_splits = _cdiv(iters_total, iters)  # so that no planned split is empty
     split_tokens = iters * BLOCK_N
-    n_rows = B * SQ * H
-    dev = q.device
     mbuf = torch.empty(max(1, n_rows * n_splits), dtype=torch.float32, device=dev)
     lbuf = torch.empty(max(1, n_rows * n_splits), dtype=torch.float32, device=dev)
     abuf = torch.empty(max(1, n_rows * n_splits * D), dtype=torch.float32, device=dev)
     counter = torch.zeros(units, dtype=torch.int32, device=dev)  # reset by each merging program
-    qk_scale = (1.0 / math.sqrt(D)) * LOG2E
-    # trip counts are runtime values on a GPU (one compile serves every length) and
-    # compile-time ones in the CPU interpreter, which cannot loop to a runtime bound
-    interp = dev.type != "cuda"
     n_chunks = _cdiv(n_splits, SPLIT_CHUNK)
-    kw = dict(H=H, HK=HK, GROUP=GROUP, SQ=SQ, D=D, DP=DP, PAGE=PAGE, BLOCK_N=BLOCK_N,
-              ITERS=iters if interp else 0, ROWS=ROWS, ROWS_P=ROWS_P, IS_CAUSAL=bool(causal) and SQ > 1,
-              DOT_F32=interp, CHUNK=SPLIT_CHUNK, NCHUNK=n_chunks if interp else 0,
-              num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     args = (mbuf, lbuf, abuf, counter)
-    tail = (int(block_table.stride(0)), int(block_table.shape[1]) * PAGE, n_splits, split_tokens, iters,
-            n_chunks, qk_scale)
-    return (n_splits, units), args, tail, kw
+    tail = bt_info + (n_splits, split_tokens, iters, n_chunks, qk_scale)
+    return (n_splits, units), args, tail, kwargs(iters, n_chunks)
 
 
 def run_kernel(q, k_cache_paged, v_cache_paged, output, cache_seqlens, block_table,
@@ -355,8 +362,8 @@ def run_kernel(q, k_cache_paged, v_cache_paged, output, cache_seqlens, block_tab
            page_block_size, block_table.stride(0), causal)
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _make_plan(q, block_table, batch_size, seqlen_k, seqlen_q, num_heads, num_heads_k,
-                          headdim, page_block_size, causal)
+        plan = _make_plan(q, k_cache_paged, v_cache_paged, output, cache_seqlens, block_table, batch_size,
+                          seqlen_k, seqlen_q, num_heads, num_heads_k, headdim, page_block_size, causal)
         _PLANS[key] = plan
     grid, args, tail, kw = plan
     _paged_decode_split[grid](q, k_cache_paged, v_cache_paged, output, *args, cache_seqlens, block_table,

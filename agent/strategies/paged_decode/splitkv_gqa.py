@@ -328,7 +328,7 @@ def _make_plan(q, k, v, out, seqlens, block_table, batch_size, seqlen_k, seqlen_
     dummy = torch.empty(1, dtype=torch.float32, device=dev)
     resident = 4 if interp else _resident_per_sm(
         _paged_decode_split, (q, k, v, out, dummy, dummy, dummy, seqlens, block_table) + bt_info
-        + (2, BLOCK_N, 1, qk_scale), split_kw(False, 1))
+        + (3, 3 * BLOCK_N, 3, qk_scale), split_kw(False, 3))
     n_splits = max(1, min((WAVES * resident * _sm_count(dev)) // units, iters_total))
     iters = _cdiv(iters_total, n_splits)  # whole iterations per split
     n_splits = _cdiv(iters_total, iters)  # so that no planned split is empty

@@ -370,7 +370,7 @@ def _make_plan(q, k, v, out, seqlens, block_table, batch_size, seqlen_k, seqlen_
         resident = 4
     else:
         resident = _resident_per_sm(kernel, (q, k, v, out, dummy, dummy, dummy, seqlens, block_table)
-                                    + bt_info + (2, BLOCK_N, 1, qk_scale), kwargs(False, 1))
+                                    + bt_info + (3, 3 * BLOCK_N, 3, qk_scale), kwargs(False, 3))
     slots = WAVES * resident * _sm_count(dev)
     n_splits = max(1, min(slots // units, iters_total))
     iters = _cdiv(iters_total, n_splits)  # whole iterations per split

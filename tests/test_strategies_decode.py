@@ -1,0 +1,252 @@
+"""The paged_decode strategy library: format, integrity scan, and correctness on CPU.
+
+Triton strategies run in Triton's CPU interpreter in subprocesses (TRITON_INTERPRET
+must be set before triton is imported, and another test module may have imported
+it already), all started together so the suite stays fast on two cores.  Each is
+checked at its default knobs and at the smallest and largest value of every knob
+(the others at their defaults), with the planner's own textual substitution,
+against a float64 reference: ragged lengths (1, 15, 16, 17, 100, ...), GQA/MQA,
+permuted block tables and garbage-filled slots nobody may read, an output
+pre-filled with NaN.  CUDA strategies are compiled with nvcc at their default,
+all-minimum and all-maximum knobs (skipped without nvcc).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from optagent.checks import static_verdict
+from optagent.knobs import find_knobs, set_knobs
+from optagent.planners.offline import run_kernel_params
+from optagent.schema import Language
+
+FAMILY = Path(__file__).resolve().parents[1] / "agent" / "strategies" / "paged_decode"
+SPEC = tomllib.loads((FAMILY / "strategy.toml").read_text(encoding="utf-8"))
+STRATEGIES = SPEC["strategy"]
+TRITON = [s for s in STRATEGIES if s["language"] == "triton"]
+CUDA = [s for s in STRATEGIES if s["language"] == "cuda"]
+
+# Case parameters: (batch, heads, kv heads, headdim, seqlens, planned seqlen_k or None, seqlen_q, causal)
+CASES = {
+    "mha_ragged_d64": (3, 4, 4, 64, [1, 17, 100], None, 1, 0),
+    "gqa2_ragged_d128": (3, 4, 2, 128, [15, 16, 100], None, 1, 0),
+    "mqa4_d64": (2, 4, 1, 64, [32, 31], None, 1, 0),
+    "single_page_direct": (1, 4, 4, 128, [16], None, 1, 0),
+    "heads3_d64": (2, 3, 3, 64, [50, 7], None, 1, 0),
+    "mha_many_splits": (2, 8, 8, 128, [300, 257], None, 1, 0),
+    "longer_than_planned": (2, 2, 2, 64, [40, 33], 20, 1, 0),
+    "sq3_causal_gqa2": (2, 4, 2, 64, [40, 33], None, 3, 1),
+    "sq2_gqa2": (2, 4, 2, 64, [40, 33], None, 2, 0),
+    "mha_small": (2, 4, 4, 64, [1, 50], None, 1, 0),
+    "gqa2_small": (2, 4, 2, 64, [17, 50], None, 1, 0),
+}
+KNOB_CASES = ["mha_small", "gqa2_small"]  # at each knob extreme (the default runs every case)
+
+RUNNER = r'''
+import json, math, os, sys, traceback
+os.environ["TRITON_INTERPRET"] = "1"
+import importlib.util
+import torch
+
+CASES = json.loads(sys.argv[1])
+JOBS = json.loads(sys.argv[2])
+GARBAGE = 1e4
+
+
+def make(B, H, HK, D, seqlens, seqlen_k, SQ, causal, seed, P=16):
+    g = torch.Generator().manual_seed(seed)
+    planned = seqlen_k or max(seqlens)
+    need = -(-max(max(seqlens), planned) // P)
+    nb = B * need * 3 + 1  # a pool three times the size needed; one page no table points to
+    width = (nb - 1) // B
+    q = torch.randn(B, SQ, H, D, generator=g).bfloat16()
+    k = torch.randn(nb, P, HK, D, generator=g).bfloat16()
+    v = torch.randn(nb, P, HK, D, generator=g).bfloat16()
+    bt = torch.randperm(nb, generator=g)[: B * width].int().reshape(B, width).contiguous()
+    used = torch.zeros(nb, P, dtype=torch.bool)
+    for b in range(B):
+        for t in range(seqlens[b]):
+            used[bt[b, t // P], t % P] = True
+    # unreadable slots: keys along the query directions (they would dominate), huge values
+    G = H // HK
+    qdir = q.float().sum(dim=(0, 1)).reshape(HK, G, D).sum(1)
+    qdir = qdir / qdir.norm(dim=-1, keepdim=True)
+    k[~used] = (qdir * GARBAGE * math.sqrt(D)).bfloat16()
+    v[~used] = GARBAGE
+    out = torch.full((B, SQ, H, D), float("nan")).bfloat16()
+    sl = torch.tensor(seqlens, dtype=torch.int32)
+    return [q, k, v, out, sl, bt, B, planned, SQ, H, HK, D, P, nb, causal]
+
+
+def reference(args):
+    q, k, v, out, sl, bt, B, S, SQ, H, HK, D, P, nb, causal = args
+    G = H // HK
+    res = torch.zeros(B, SQ, H, D, dtype=torch.float64)
+    for b in range(B):
+        L = int(sl[b])
+        idx = torch.arange(L)
+        kk = k[bt[b, idx // P].long(), idx % P].double()
+        vv = v[bt[b, idx // P].long(), idx % P].double()
+        for sq in range(SQ):
+            for h in range(H):
+                s = kk[:, h // G] @ q[b, sq, h].double() / math.sqrt(D)
+                if causal and SQ > 1:
+                    s[idx >= L - SQ + 1 + sq] = -float("inf")
+                res[b, sq, h] = torch.softmax(s, 0) @ vv[:, h // G]
+    return res
+
+
+for path, case_names, again in JOBS:
+    try:
+        spec = importlib.util.spec_from_file_location("variant_" + os.path.basename(path)[:-3], path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    except Exception:
+        print(json.dumps({"variant": path, "case": None, "error": traceback.format_exc()[-1500:]}), flush=True)
+        continue
+    for i, name in enumerate(case_names):
+        rec = {"variant": path, "case": name}
+        try:
+            runs = [make(*CASES[name], seed=i)]
+            if name in again:  # a second call on new inputs: cached scratch and counters are reused
+                runs.append(make(*CASES[name], seed=100 + i))
+            errs, finite = [], True
+            for args in runs:
+                mod.run_kernel(*args)
+                ref = reference(args)
+                o = args[3].double()
+                finite = finite and bool(torch.isfinite(o).all())
+                errs.append(float((o - ref).norm() / ref.norm()))
+            rec["finite"], rec["err"] = finite, max(errs)
+        except Exception:
+            rec["error"] = traceback.format_exc()[-1500:]
+        print(json.dumps(rec), flush=True)
+'''
+
+
+def _variants(source: str) -> list[tuple[str, dict]]:
+    """Default knobs, then each knob at its smallest and largest listed value."""
+    out = [("default", {})]
+    for k in find_knobs(source):
+        for v in sorted({min(k.values), max(k.values)}):
+            if v != k.value:
+                out.append((f"{k.name}={v}", {k.name: v}))
+    return out
+
+
+def _nvcc_build(source: str, setting: dict, out: Path) -> subprocess.Popen:
+    src = out.with_suffix(".cu")
+    src.write_text(set_knobs(source, setting) if setting else source)
+    cmd = ["nvcc", "-O3", "-shared", "-Xcompiler", "-fPIC", "-arch=sm_90", "-o", str(out), str(src)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope="module")
+def background(tmp_path_factory):
+    """Starts every interpreter run (one subprocess per Triton strategy) and nvcc build at once."""
+    base = tmp_path_factory.mktemp("paged_decode")
+    runner = base / "runner.py"
+    runner.write_text(RUNNER)
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    interp = {}
+    for s in TRITON:
+        source = (FAMILY / s["file"]).read_text(encoding="utf-8")
+        jobs, labels = [], {}
+        for label, setting in _variants(source):
+            path = base / f"{Path(s['file']).stem}__{label.replace('=', '_')}.py"
+            path.write_text(set_knobs(source, setting) if setting else source)
+            labels[str(path)] = label
+            if label == "default":
+                jobs.append([str(path), list(CASES), KNOB_CASES])
+            else:
+                jobs.append([str(path), KNOB_CASES, []])
+        cmd = [sys.executable, str(runner), json.dumps(CASES), json.dumps(jobs)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        interp[s["name"]] = (proc, labels, jobs)
+    builds = {}
+    if shutil.which("nvcc"):
+        for s in CUDA:
+            source = (FAMILY / s["file"]).read_text(encoding="utf-8")
+            knobs = find_knobs(source)
+            settings = {"default": {}, "min": {k.name: min(k.values) for k in knobs},
+                        "max": {k.name: max(k.values) for k in knobs}}
+            builds[s["name"]] = [(label, base / f"{Path(s['file']).stem}__{label}.so",
+                                  _nvcc_build(source, setting, base / f"{Path(s['file']).stem}__{label}.so"))
+                                 for label, setting in settings.items()]
+    yield interp, builds
+    for proc, _, _ in interp.values():
+        if proc.poll() is None:
+            proc.kill()
+    for items in builds.values():
+        for _, _, proc in items:
+            if proc.poll() is None:
+                proc.kill()
+
+
+def test_strategy_manifest_lists_existing_files_with_the_contest_signature():
+    assert SPEC["family"] == "paged_decode"
+    assert len(SPEC["signature"]) == 15
+    names = [s["name"] for s in STRATEGIES]
+    assert len(names) == len(set(names))
+    for s in STRATEGIES:
+        assert set(s) >= {"name", "file", "language", "idea"}
+        source = (FAMILY / s["file"]).read_text(encoding="utf-8")
+        assert run_kernel_params(source) == SPEC["signature"], s["file"]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s["name"])
+def test_strategy_passes_the_integrity_scan_and_declares_knobs(strategy):
+    source = (FAMILY / strategy["file"]).read_text(encoding="utf-8")
+    language = Language(strategy["language"])
+    assert static_verdict(source, language) is None
+    knobs = find_knobs(source)
+    assert knobs, "a strategy declares its tunables as knobs"
+    for k in knobs:
+        assert k.value in k.values, f"{k.name}: the default {k.value} is one of the listed values"
+
+
+@pytest.mark.parametrize("strategy", TRITON, ids=lambda s: s["name"])
+def test_triton_strategy_is_correct_at_every_knob_extreme(strategy, background):
+    proc, labels, jobs = background[0][strategy["name"]]
+    try:
+        stdout, stderr = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+    recs = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0, stderr[-3000:]
+    expected = sum(len(cases) for _, cases, _ in jobs)
+    assert len(recs) == expected, f"{len(recs)} results for {expected} runs\n{stderr[-3000:]}"
+    bad = []
+    for r in recs:
+        label = labels.get(r["variant"], r["variant"])
+        if "error" in r:
+            bad.append(f"{label} / {r['case']}: {r['error']}")
+        elif not r["finite"]:
+            bad.append(f"{label} / {r['case']}: output not fully written (NaN left)")
+        elif r["err"] > 1e-2:
+            bad.append(f"{label} / {r['case']}: relative error {r['err']:.3g}")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("strategy", CUDA, ids=lambda s: s["name"])
+def test_cuda_strategy_compiles_at_default_and_knob_extremes(strategy, background):
+    failures = []
+    for label, so, proc in background[1][strategy["name"]]:
+        out, _ = proc.communicate(timeout=300)
+        if proc.returncode != 0 or not so.exists():
+            failures.append(f"{label}: {out[-2000:]}")
+    assert not failures, "\n".join(failures)
