@@ -103,7 +103,8 @@ class Timer:
             return self._events(fn, arg_sets), "events around the call (not capturable in a CUDA graph)"
         return self._graph(fn, arg_sets)
 
-    def _events(self, fn: Callable, arg_sets: list[list]) -> dict:
+    def _event_times(self, launch: Callable[[int], None]) -> dict:
+        """Median of launch(i) between two events, L2 flushed before each."""
         start, end = _Event(enable_timing=True), _Event(enable_timing=True)
         samples: list[float] = []
         deadline = _perf_counter() + self.budget_s
@@ -112,12 +113,15 @@ class Timer:
             self.flush_l2()
             _synchronize()
             _record(start)
-            fn(*arg_sets[i % len(arg_sets)])
+            launch(i)
             _record(end)
             _synchronize()
             samples.append(_elapsed_time(start, end) * 1e3)
             i += 1
         return stats(samples)
+
+    def _events(self, fn: Callable, arg_sets: list[list]) -> dict:
+        return self._event_times(lambda i: fn(*arg_sets[i % len(arg_sets)]))
 
     def _graph(self, fn: Callable, arg_sets: list[list]) -> tuple[Optional[dict], Optional[str]]:
         graphs = []
@@ -136,19 +140,7 @@ class Timer:
         except Exception as e:  # not capturable is a fact about the kernel, not a failure
             _synchronize()
             return None, f"not capturable in a CUDA graph: {type(e).__name__}: {str(e)[:160]}"
-        start, end = _Event(enable_timing=True), _Event(enable_timing=True)
-        samples: list[float] = []
-        deadline = _perf_counter() + self.budget_s
-        i = 0
-        while i < self.max_iters and (i < self.min_iters or _perf_counter() < deadline):
-            self.flush_l2()
-            _record(start)
-            graphs[i % len(graphs)].replay()
-            _record(end)
-            _synchronize()
-            samples.append(_elapsed_time(start, end) * 1e3)
-            i += 1
-        return stats(samples), None
+        return self._event_times(lambda i: graphs[i % len(graphs)].replay()), None
 
 
 def measured_bandwidth_gbs() -> float:

@@ -4,11 +4,12 @@ The static scan names the forbidden thing before any code runs. Rather than list
 bad calls (a list is dodged by ``getattr(__import__('o'+'s'), ...)``), it bounds
 what a kernel file can reach at all: imports from an allowlist; no dynamic code,
 no computed attribute names, no dunders or frame attributes, no patching of
-modules; and host code (outside ``@triton.jit``) may not compute the attention
-itself with PyTorch math. What gets past the scan meets ``lock_imports``: an
-import blocker and a PEP 578 audit hook, which Python code cannot remove, that
-refuses process, file, frame and gc access made by the candidate's own code.
-The dynamic checks in the worker and the judge are what a score rests on.
+modules; and host code (outside ``@triton.jit``) may not do the math with
+PyTorch. What gets past it meets ``lock_imports``: an import blocker and a PEP
+578 audit hook (Python code cannot remove one) that refuses process, file, frame
+and gc access made by the candidate's own code. ``watch_host_compute`` tells a
+kernel from PyTorch doing the work. The worker's and the judge's dynamic checks
+are what a score rests on; this module only narrows what a candidate can try.
 """
 
 from __future__ import annotations
@@ -24,55 +25,55 @@ from typing import Callable, Optional
 
 from .schema import Language
 
-# Libraries that would compute the answer for the candidate, and the harness itself
-# (a prefix match: flash_attn_2_cuda and flash_attn_interface are FlashAttention too).
+# Libraries that would compute the answer, and the harness (a prefix match: flash_attn_2_cuda is FlashAttention too).
 LIBRARIES = re.compile(r"(flash_?attn|flashinfer|flash_mla|xformers|vllm|sgl_kernel|sglang|deep_gemm|apex|"
                        r"transformer_engine|liger_kernel|flag_gems|triton_kernels|tensorrt|torch_tensorrt|"
                        r"testcase_config|optagent)")
 FORBIDDEN_MODULES = ("flash_attn", "flashinfer", "xformers", "vllm", "sgl_kernel", "sglang", "deep_gemm",
-                     "flash_mla", "testcase_config", "optagent_task_hooks", "optagent")  # kept for importers
-# A kernel file needs nothing else; every other module is refused, with a reason for the known-bad ones.
+                     "flash_mla", "testcase_config", "optagent_task_hooks", "optagent")
+# A kernel file needs nothing else; other modules are refused, with a reason for the known-bad ones.
 ALLOWED_IMPORTS = {"__future__", "math", "cmath", "typing", "typing_extensions", "functools", "itertools",
                    "dataclasses", "enum", "collections", "numbers", "abc", "warnings", "copy", "torch", "triton",
                    "tilelang"}
-_W = {"processes, files and the environment": "os posix nt", "reaches into the interpreter": "sys",
-      "reads the harness's objects": "gc", "inspects the caller's frames": "inspect traceback",
-      "runs other processes": "subprocess multiprocessing pty", "starts background threads":
-      "threading _thread concurrent asyncio sched", "opens network connections": "socket ssl http urllib requests",
-      "installs signal handlers": "signal", "calls native code directly": "ctypes cffi _ctypes",
-      "imports modules dynamically": "importlib imp runpy pkgutil zipimport", "patches builtins": "builtins",
-      "touches files": "shutil pathlib io tempfile glob fcntl mmap fileinput", "touches the clock": "time timeit",
-      "decodes hidden code or data": "pickle marshal dill base64 binascii codecs zlib bz2 lzma",
-      "builds code at run time": "code codeop types ast dis", "runs code after the checks": "atexit",
-      "computes on the host instead of a kernel": "numpy scipy jax"}
-MODULE_WHY = {m: why for why, mods in _W.items() for m in mods.split()}
 
-# Attributes no kernel touches, whatever object they are reached through (torch.os,
-# triton.runtime.jit.sys...): process, environment, frames, files, timers, streams.
-FORBIDDEN_ATTRS = {a: why for why, attrs in {
+
+def _table(groups: dict[str, str]) -> dict[str, str]:
+    return {name: why for why, names in groups.items() for name in names.split()}
+
+
+MODULE_WHY = _table({
+    "processes, files and the environment": "os posix nt", "reaches into the interpreter": "sys",
+    "reads the harness's objects": "gc", "inspects the caller's frames": "inspect traceback",
+    "runs other processes": "subprocess multiprocessing pty", "opens network connections": "socket ssl http urllib",
+    "starts background threads": "threading _thread concurrent asyncio sched", "installs signal handlers": "signal",
+    "calls native code directly": "ctypes cffi _ctypes", "patches builtins": "builtins",
+    "imports modules dynamically": "importlib imp runpy pkgutil zipimport", "touches the clock": "time timeit",
+    "touches files": "shutil pathlib io tempfile glob fcntl mmap fileinput", "runs code after the checks": "atexit",
+    "decodes hidden code or data": "pickle marshal dill base64 binascii codecs zlib bz2 lzma",
+    "builds code at run time": "code codeop types ast dis", "computes on the host": "numpy scipy jax"})
+# Attributes no kernel touches, whatever they are reached through (torch.os, triton.runtime.jit.sys...).
+FORBIDDEN_ATTRS = _table({
     "reaches a module it may not import": "os posix sys gc inspect subprocess multiprocessing threading _thread "
                                           "ctypes importlib builtins shutil pathlib socket runpy pickle marshal",
-    "touches processes or the environment": "environ environb getenv putenv unsetenv _exit system popen fork "
-                                            "forkpty kill killpg execv execve execvp execvpe execl execle execlp "
-                                            "spawnv spawnve posix_spawn posix_spawnp",
-    "inspects frames or the interpreter": "_getframe _current_frames settrace setprofile meta_path path_hooks "
-                                          "modules addaudithook f_back f_globals f_locals f_builtins f_code "
-                                          "tb_frame tb_next gi_frame gi_code cr_frame ag_frame co_code co_consts",
+    "touches processes or the environment": "environ environb getenv putenv unsetenv _exit system popen fork forkpty "
+                                            "kill killpg execv execve execvp execvpe execl execle execlp spawnv "
+                                            "spawnve posix_spawn posix_spawnp",
+    "inspects frames or the interpreter": "_getframe _current_frames settrace setprofile meta_path path_hooks modules "
+                                          "addaudithook f_back f_globals f_locals f_builtins f_code tb_frame tb_next "
+                                          "gi_frame gi_code cr_frame ag_frame co_code co_consts",
     "reads or writes files": "save from_file tofile fromfile load_library load_inline cpp_extension",
     "touches the timer": "perf_counter perf_counter_ns monotonic elapsed_time Event",
-    "launches on a side stream or captures graphs": "Stream ExternalStream stream set_stream streams graph "
-                                                    "graphs CUDAGraph",
-    "uses private interpreter bindings": "_C _dynamo _inductor",
-}.items() for a in attrs.split()}
+    "launches on a side stream or captures graphs": "Stream ExternalStream stream set_stream streams graph graphs "
+                                                    "CUDAGraph",
+    "uses private interpreter bindings": "_C _dynamo _inductor"})
 # torch.X for these X: libraries, code loading and compilation, files, dispatch hooks.
-TORCH_FORBIDDEN = set("load save from_file compile export hub utils package classes library ops jit "
-                      "multiprocessing distributed profiler nn special linalg func fx overrides backends".split())
-# PyTorch math that computes attention on the host (outside a kernel); math.exp is fine.
+TORCH_FORBIDDEN = set("load save from_file compile export hub utils package classes library ops jit multiprocessing "
+                      "distributed profiler nn special linalg func fx overrides backends".split())
+# PyTorch math that computes attention on the host; math.exp and tl.exp are fine.
 TORCH_MATH = set("softmax log_softmax matmul bmm baddbmm mm addmm addbmm einsum tensordot exp exp_ exp2 expm1 "
                  "logsumexp sigmoid scaled_dot_product_attention numpy".split())
-ALLOWED_DUNDERS = {"__init__", "__name__", "__qualname__", "__doc__", "__call__", "__len__", "__getitem__",
-                   "__setitem__", "__iter__", "__next__", "__enter__", "__exit__", "__repr__", "__str__", "__eq__",
-                   "__hash__", "__post_init__"}
+ALLOWED_DUNDERS = set("__init__ __name__ __qualname__ __doc__ __call__ __len__ __getitem__ __setitem__ __iter__ "
+                      "__next__ __enter__ __exit__ __repr__ __str__ __eq__ __hash__ __post_init__".split())
 FORBIDDEN_NAMES = {"__import__": "imports modules dynamically (__import__)", "exec": "executes dynamic code (exec)",
                    "eval": "evaluates dynamic code (eval)", "compile": "compiles dynamic code (compile)",
                    "open": "opens files (open)", "globals": "reads module namespaces (globals)",
@@ -81,18 +82,17 @@ FORBIDDEN_NAMES = {"__import__": "imports modules dynamically (__import__)", "ex
                    "breakpoint": "starts a debugger", "input": "reads stdin", "__builtins__": "touches __builtins__",
                    "__loader__": "touches __loader__", "__spec__": "touches __spec__"}
 JIT_DECORATORS = {"jit", "autotune", "heuristics", "prim_func", "macro"}
-# str.format can walk attributes too: "{0.__globals__}".format(f).
-FORMAT_ATTR = re.compile(r"\{[^{}]*\.(_\w*|f_\w+|tb_\w+)")
+FORMAT_ATTR = re.compile(r"\{[^{}]*\.(_\w*|f_\w+|tb_\w+)")  # "{0.__globals__}".format(f) walks attributes too
 
 
 def _parts(node: ast.AST, aliases: dict[str, str]) -> list[str]:
-    """a.b.c -> ['<resolved a>', 'b', 'c'] (imports resolved); '?' for a root that is not a name."""
-    parts = []
+    """a.b.c -> [*resolved a, 'b', 'c'] (imports resolved); '?' for a root that is not a name."""
+    attrs = []
     while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
+        attrs.append(node.attr)
         node = node.value
     root = aliases.get(node.id, node.id) if isinstance(node, ast.Name) else "?"
-    return root.split(".") + list(reversed(parts))
+    return root.split(".") + attrs[::-1]
 
 
 def _chain_why(parts: list[str], host: bool, imported: bool) -> Optional[str]:
@@ -112,18 +112,44 @@ def _chain_why(parts: list[str], host: bool, imported: bool) -> Optional[str]:
     return None
 
 
-def _jit_nodes(tree: ast.AST) -> set[int]:
-    """ids of every node inside a @triton.jit / autotune / prim_func function (device code)."""
+def _device_nodes(tree: ast.AST) -> set[int]:
+    """ids of the nodes inside @triton.jit / autotune / prim_func functions (device code)."""
     inside: set[int] = set()
     for fn in ast.walk(tree):
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for d in fn.decorator_list:
                 d = d.func if isinstance(d, ast.Call) else d
-                last = d.attr if isinstance(d, ast.Attribute) else getattr(d, "id", "")
-                if last in JIT_DECORATORS:
+                if (d.attr if isinstance(d, ast.Attribute) else getattr(d, "id", "")) in JIT_DECORATORS:
                     inside.update(id(n) for n in ast.walk(fn))
                     break
     return inside
+
+
+def _root(node: ast.AST) -> ast.AST:
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return node
+
+
+def _import_why(node: ast.AST, aliases: dict[str, str]) -> Optional[str]:
+    if isinstance(node, ast.ImportFrom) and node.level:
+        return "uses a relative import (a kernel file stands alone)"
+    base = node.module if isinstance(node, ast.ImportFrom) else None
+    for alias in node.names:
+        full = f"{base}.{alias.name}" if base else alias.name
+        root = full.split(".")[0]
+        if LIBRARIES.match(root):
+            return f"imports {full} (a library or the harness, not a kernel)"
+        if root not in ALLOWED_IMPORTS:
+            return (f"imports {root} ({MODULE_WHY.get(root, 'not needed by a kernel')}); a kernel file may import "
+                    f"only {', '.join(sorted(ALLOWED_IMPORTS - {'__future__'}))}")
+        if alias.name == "*":
+            return f"uses `from {base} import *` (names must be visible to the scan)"
+        why = _chain_why(full.split("."), host=True, imported=True)
+        if why and root != "__future__":
+            return why
+        aliases[alias.asname or (alias.name if base else root)] = full if (alias.asname or base) else root
+    return None
 
 
 def scan_python(source: str) -> Optional[str]:
@@ -134,68 +160,46 @@ def scan_python(source: str) -> Optional[str]:
     aliases: dict[str, str] = {}
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            if isinstance(node, ast.ImportFrom) and node.level:
-                return "uses a relative import (a kernel file stands alone)"
-            base = node.module if isinstance(node, ast.ImportFrom) else None
-            for alias in node.names:
-                full = f"{base}.{alias.name}" if base else alias.name
-                root = full.split(".")[0]
-                if LIBRARIES.match(root):
-                    return f"imports {full} (a library or the harness, not a kernel)"
-                if root not in ALLOWED_IMPORTS:
-                    why = MODULE_WHY.get(root, "is not needed by a kernel")
-                    return (f"imports {root} ({why}); a kernel file may import only "
-                            f"{', '.join(sorted(ALLOWED_IMPORTS - {'__future__'}))}")
-                if alias.name == "*":
-                    return f"uses `from {base} import *` (names must be visible to the scan)"
-                why = _chain_why(full.split("."), host=True, imported=True)
-                if why and root != "__future__":
-                    return why
-                aliases[alias.asname or (alias.name if base else root)] = full if (alias.asname or base) else root
-    device = _jit_nodes(tree)
-    call_funcs = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+            why = _import_why(node, aliases)
+            if why:
+                return why
+    device = _device_nodes(tree)
+    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     for node in ast.walk(tree):
         host = id(node) not in device
+        why = None
         if isinstance(node, ast.Name):
-            if node.id == "getattr" and id(node) not in call_funcs:
-                return "passes getattr around (attribute names must be visible to the scan)"
-            if node.id in FORBIDDEN_NAMES and node.id not in aliases:
-                return FORBIDDEN_NAMES[node.id]
+            if node.id == "getattr" and id(node) not in called:
+                why = "passes getattr around (attribute names must be visible to the scan)"
+            elif node.id in FORBIDDEN_NAMES and node.id not in aliases:
+                why = FORBIDDEN_NAMES[node.id]
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr":
-            if len(node.args) < 2 or not (isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
-                return "computes an attribute name at run time (getattr with a non-literal name)"
-            base = _parts(node.args[0], aliases)
-            why = _chain_why(base + [node.args[1].value], host, base[0] in aliases.values() or base[0] == "torch")
-            if why:
-                return why
+            name = node.args[1] if len(node.args) >= 2 else None
+            if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+                why = "computes an attribute name at run time (getattr with a non-literal name)"
+            else:
+                r = _root(node.args[0])
+                why = _chain_why(_parts(node.args[0], aliases) + [name.value], host,
+                                 isinstance(r, ast.Name) and r.id in aliases)
         elif isinstance(node, ast.Attribute):
-            parts = _parts(node, aliases)
-            root = node
-            while isinstance(root, ast.Attribute):
-                root = root.value
-            imported = isinstance(root, ast.Name) and root.id in aliases
-            why = _chain_why(parts, host, imported)
-            if why:
-                return why
+            r = _root(node)
+            why = _chain_why(_parts(node, aliases), host, isinstance(r, ast.Name) and r.id in aliases)
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
             targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
-            for t in targets:
-                for sub in ast.walk(t):
-                    if isinstance(sub, ast.Attribute):
-                        root = sub
-                        while isinstance(root, (ast.Attribute, ast.Subscript)):
-                            root = root.value
-                        if isinstance(root, ast.Name) and root.id in aliases:
-                            return f"patches {'.'.join(_parts(sub, aliases))} (a kernel never changes library state)"
+            for sub in (s for t in targets for s in ast.walk(t) if isinstance(s, ast.Attribute)):
+                r = _root(sub)
+                if isinstance(r, ast.Name) and r.id in aliases:
+                    why = f"patches {'.'.join(_parts(sub, aliases))} (a kernel never changes library state)"
         elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult) and host:
-            return "computes with PyTorch on the host (the @ operator) instead of in its own kernel"
+            why = "computes with PyTorch on the host (the @ operator) instead of in its own kernel"
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and FORMAT_ATTR.search(node.value):
-            return "walks attributes through a format string"
+            why = "walks attributes through a format string"
+        if why:
+            return why
     return None
 
 
-# CUDA: comments removed and line continuations spliced before matching, so that
-# `sys\<newline>tem(` reads as what the compiler sees; token pasting is refused.
+# CUDA: comments removed and line continuations spliced first, so `sys\<newline>tem(` reads as the compiler sees it.
 CUDA_FORBIDDEN = {
     r"##|%:%:": "builds identifiers by token pasting (##), which hides what the code calls",
     r"\\[uU][0-9a-fA-F]{4}": "spells identifiers with universal character names",
@@ -205,27 +209,27 @@ CUDA_FORBIDDEN = {
     r"\b(?:fopen|freopen|fdopen|tmpfile|mkstemp|open|openat|creat|unlink|rename|mkdir)\s*\(|"
     r"\b(?:[io]?fstream|filebuf|filesystem)\b": "opens files",
     r"\b(?:_exit|_Exit|exit|quick_exit|abort)\s*\(": "exits the process",
-    r"\bstd::thread\b|\bstd::async\b|\bstd::jthread\b|\bpthread_create\b|#\s*pragma\s+omp": "starts background threads",
+    r"\bstd::j?thread\b|\bstd::async\b|\bpthread_create\b|#\s*pragma\s+omp": "starts background threads",
     r"\b(?:kill|killpg|raise|signal|sigaction)\s*\(": "signals processes",
     r"\b(?:syscall|ptrace|prctl|mprotect|socket|connect)\b": "makes system calls directly",
     r"\bcudaStreamCreate\w*|\bcuStreamCreate\w*": "launches on a side stream",
     r"\bcudaLaunchHostFunc\b|\bcudaStreamAddCallback\b": "runs host callbacks outside the timed call",
     r"\bcudaDeviceReset\b|\bcudaSetDevice\b|\bcudaIpc\w+": "resets, switches or shares the device",
     r"__attribute__\s*\(\(\s*constructor": "runs code when the library is loaded",
-    r"#\s*include\s*[<\"](?:/|\.\.|unistd|sys/|fcntl|dlfcn|spawn|signal|csignal|thread|future|fstream|"
-    r"filesystem|pthread|Python|pybind11|torch/|ATen/|c10/)": "includes a system or framework header a kernel does not need",
+    r"#\s*include\s*[<\"](?:/|\.\.|unistd|sys/|fcntl|dlfcn|spawn|signal|csignal|thread|future|fstream|filesystem|"
+    r"pthread|Python|pybind11|torch/|ATen/|c10/)": "includes a system or framework header a kernel does not need",
     r"/proc/|\.\./": "names paths outside its scratch directory",
-    r"cublas|cudnn|flash_?attn|flashinfer|cutlass/|\bcub::DeviceSegmented": "calls a library instead of a kernel",
+    r"cublas|cudnn|flash_?attn|flashinfer|cutlass/": "calls a library instead of a kernel",
 }
-# Undefined symbols of the candidate's own object file (nvcc -c), a backstop for what
-# the source scan cannot see; the static cudart linked later imports many of these itself.
+# Undefined symbols of the candidate's own object file (nvcc -c, before linking: the static
+# cudart imports many of these itself): a backstop for what the source scan cannot see.
 CUDA_FORBIDDEN_SYMBOLS = set("system popen fork vfork execv execve execvp execvpe execl execlp execle posix_spawn "
                              "posix_spawnp clone getenv secure_getenv setenv putenv environ __environ fopen fopen64 "
-                             "freopen fdopen tmpfile mkstemp open open64 openat creat unlink rename mkdir dlopen "
-                             "dlsym dlmopen dlvsym pthread_create kill killpg raise signal sigaction syscall ptrace "
-                             "prctl mprotect socket connect _exit _Exit exit quick_exit abort cudaStreamCreate "
-                             "cudaStreamCreateWithFlags cudaStreamCreateWithPriority cuStreamCreate "
-                             "cudaLaunchHostFunc cudaStreamAddCallback cudaDeviceReset cudaSetDevice".split())
+                             "freopen fdopen tmpfile mkstemp open open64 openat creat unlink rename mkdir dlopen dlsym "
+                             "dlmopen dlvsym pthread_create kill killpg raise signal sigaction syscall ptrace prctl "
+                             "mprotect socket connect _exit _Exit exit quick_exit abort cudaStreamCreate "
+                             "cudaStreamCreateWithFlags cudaStreamCreateWithPriority cuStreamCreate cudaLaunchHostFunc "
+                             "cudaStreamAddCallback cudaDeviceReset cudaSetDevice".split())
 
 
 def scan_cuda(source: str) -> Optional[str]:
@@ -238,15 +242,14 @@ def scan_cuda(source: str) -> Optional[str]:
 
 
 def scan_cuda_object(obj_path: str) -> Optional[str]:
-    """Why a compiled object (nvcc -c, before linking) is refused, from its undefined symbols."""
+    """Why a compiled object file is refused, from the symbols it imports (needs binutils' nm)."""
     import subprocess
 
     try:
         out = subprocess.run(["nm", "-u", obj_path], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return None  # no nm: the source scan stands alone
-    for sym in (line.split()[-1] for line in out.splitlines() if line.strip()):
-        name = sym.split("@")[0]
+        return None
+    for name in (ln.split()[-1].split("@")[0] for ln in out.splitlines() if ln.strip()):
         if name in CUDA_FORBIDDEN_SYMBOLS or name.startswith(("_ZNSt6thread", "_ZNSt7jthread")) or "fstream" in name:
             return f"the compiled kernel calls {name}, which a kernel never needs"
     return None
@@ -270,13 +273,10 @@ def static_verdict(source: str, language: Language) -> Optional[str]:
     return None
 
 
-SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.I)
-
-
 def redact(text: str, environ: Optional[dict] = None) -> str:
-    """``text`` with the values of secret-looking variables of this (orchestrator) process blanked."""
+    """``text`` with the values of this (orchestrator) process's secret-looking variables blanked."""
     for name, value in (os.environ if environ is None else environ).items():
-        if SECRET.search(name) and len(value) >= 8 and value in text:
+        if re.search(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", name, re.I) and len(value) >= 8:
             text = text.replace(value, "[redacted]")
     return text
 
@@ -284,48 +284,56 @@ def redact(text: str, environ: Optional[dict] = None) -> str:
 class ImportBlocker(MetaPathFinder):
     """Refuses, inside the candidate process, the libraries a kernel must not call."""
 
+    def __init__(self, report: Optional[Callable[[str], None]] = None):
+        self.report = report
+
     def find_spec(self, fullname, path=None, target=None):
         root = fullname.split(".")[0]
-        if root in FORBIDDEN_MODULES or (LIBRARIES.match(root) and not root.startswith("optagent")):
+        if root in FORBIDDEN_MODULES or (LIBRARIES.match(root) and root != "optagent_candidate"):
+            if self.report is not None:
+                self.report(f"tried to import {fullname} at run time")
             raise ImportError(f"optagent: importing {fullname} is not allowed in a candidate kernel")
         return None
 
 
-# Audit events (PEP 578) and what they mean. Events raised by the candidate's own
-# code are refused; those raised inside torch/triton are allowed except the
-# always-refused ones; spawning is allowed only to triton (ptxas, launcher builds)
-# and to optagent (nvcc). Reading another process's environment or the job file
-# (seed, nonce) is refused to everyone but optagent.
-EVENT_WHY = {"open": "open a file", "os.": "use the operating system", "subprocess.": "run a subprocess",
-             "shutil.": "touch files", "ctypes.": "call native code", "gc.": "read the harness's objects through gc",
+# Audit events (PEP 578). Raised by the candidate's own code: refused (it needs none).
+# Raised inside torch/triton: allowed, except gc, signals, sockets, tracing, another
+# process's environment or memory and the job file (seed, nonce); spawning only from
+# triton (ptxas, launcher builds). optagent's own frames are trusted.
+EVENT_WHY = {"os.kill": "signal processes", "os.fork": "fork processes", "os.putenv": "change the environment",
+             "os.system": "run other programs", "os.exec": "run other programs", "os.spawn": "run other programs",
+             "os.posix_spawn": "run other programs", "subprocess.": "run other programs", "pty.": "run other programs",
+             "open": "open a file", "os.": "use the operating system", "shutil.": "touch files",
+             "ctypes.": "call native code", "gc.": "read the harness's objects through gc",
              "sys.": "reach into the interpreter", "object.": "reach into interpreter internals",
              "exec": "execute dynamic code", "compile": "compile dynamic code", "socket.": "open a network connection",
              "marshal.": "load code", "pickle.": "load pickled code", "code.": "build code", "function.": "build code",
              "builtins.input": "read stdin", "_thread.": "start a thread", "signal.": "send signals",
-             "tempfile.": "create files", "glob.": "list files", "pty.": "spawn a terminal"}
+             "tempfile.": "create files", "glob.": "list files"}
 ALWAYS_REFUSED = ("gc.", "os.kill", "os.killpg", "socket.", "signal.pthread_kill", "sys._current_frames",
-                  "os.putenv", "os.unsetenv", "sys.settrace", "sys.setprofile")
-EVENT_PREFIXES = tuple(EVENT_WHY)
+                  "sys.settrace", "sys.setprofile")
 SPAWN = ("subprocess.", "os.system", "os.exec", "os.spawn", "os.posix_spawn", "os.fork", "os.forkpty", "pty.")
+ALLOWED_STDLIB_FILES = tuple(os.sep + f for f in ("dataclasses.py", "typing.py", "enum.py", "functools.py",
+                                                   "abc.py", "copy.py", "warnings.py", "collections/__init__.py"))
+SECRET_PATH = re.compile(r"/proc/[^/]+/(environ|mem)$|(^|/)job-\w+\.json$")
 
 
 class AuditGuard:
     def __init__(self, report: Optional[Callable[[str], None]] = None):
-        self.report, self.violations, self._busy = report, [], set()
+        self.report, self.violations, self.busy, self.pid = report, [], set(), os.getpid()
         paths = sysconfig.get_paths()
         self.stdlib = tuple({paths["stdlib"], paths["platstdlib"]})
         self.site = tuple({paths["purelib"], paths["platlib"]})
         self.scratch = os.path.abspath(os.getcwd()) + os.sep  # the worker runs in its scratch directory
         self.optagent = os.path.dirname(os.path.abspath(__file__)) + os.sep
-        self.pid = os.getpid()
 
     def origin(self) -> str:
-        """'candidate', 'optagent', 'triton' or 'library': who raised the event (stdlib frames skipped)."""
+        """'candidate', 'optagent', 'triton' or 'library': whose code raised the event (stdlib frames skipped)."""
         f = sys._getframe(2)
         while f is not None:
             name = f.f_code.co_filename
-            if name.startswith("<frozen importlib"):
-                return "library"  # loading a module the candidate imported: the import rules judged that
+            if name.startswith("<frozen importlib") or name.endswith(ALLOWED_STDLIB_FILES):
+                return "library"  # an import, or @dataclass / namedtuple building code: judged by the scan
             if not (name.startswith("<") or (name.startswith(self.stdlib) and not name.startswith(self.site))):
                 if name.startswith(self.scratch) or os.path.basename(name).startswith("candidate"):
                     return "candidate"
@@ -339,22 +347,22 @@ class AuditGuard:
         if not event.startswith(EVENT_PREFIXES) or os.getpid() != self.pid:
             return  # cheap exit for imports and the like; a forked child is not ours to judge
         key = threading.get_ident()
-        if key in self._busy:
+        if key in self.busy:
             return  # origin() raises sys._getframe itself
-        self._busy.add(key)
+        self.busy.add(key)
         try:
             who = self.origin()
         finally:
-            self._busy.discard(key)
+            self.busy.discard(key)
         target = str(args[0]) if args and isinstance(args[0], (str, bytes, int, os.PathLike)) else ""
         if who == "optagent":
             return
-        if who == "candidate":  # a kernel's own code raises no audited event, bar patching its own classes
+        if who == "candidate":  # a kernel's own code raises no audited event, bar setting its own class attributes
             refused = not (event == "object.__setattr__"
                            and str(getattr(args[0], "__module__", "")).startswith("optagent_candidate"))
         else:
-            secret = event == "open" and re.search(r"/proc/[^/]+/(environ|mem)$|(^|/)job-\w+\.json$", target)
-            refused = bool(secret) or event.startswith(ALWAYS_REFUSED) or (event.startswith(SPAWN) and who != "triton")
+            refused = bool(event == "open" and SECRET_PATH.search(target)) or event.startswith(ALWAYS_REFUSED) \
+                or (event.startswith(SPAWN) and who != "triton")
         if refused:
             verb = next(v for p, v in EVENT_WHY.items() if event.startswith(p))
             why = f"tried to {verb} at run time ({event}{': ' + target[:80] if target else ''})"
@@ -364,21 +372,78 @@ class AuditGuard:
             raise PermissionError(f"optagent: a candidate kernel may not {verb} ({event})")
 
 
+EVENT_PREFIXES = tuple(EVENT_WHY)
 _GUARD: Optional[AuditGuard] = None
 
 
 def lock_imports(report: Optional[Callable[[str], None]] = None) -> AuditGuard:
     """Lock the candidate process down before candidate code loads: imports, then the audit guard.
 
-    ``report`` (the worker's integrity channel) hears the first violation, so a
-    candidate that catches the PermissionError is still rejected.
+    ``report`` (the worker's integrity channel) hears the first violation, so that a
+    candidate which catches the PermissionError is still rejected.
     """
     global _GUARD
     for name in list(sys.modules):
         if name.split(".")[0] in FORBIDDEN_MODULES and not name.startswith("optagent"):
             del sys.modules[name]
-    sys.meta_path.insert(0, ImportBlocker())
+    sys.meta_path.insert(0, ImportBlocker(report))
     if _GUARD is None:
         _GUARD = AuditGuard(report)
         sys.addaudithook(_GUARD)
     return _GUARD
+
+
+# aten ops that move or view data without computing on it (the CPU interpreter's copies among them).
+PASSTHROUGH = re.compile(r"aten\.(empty|new_empty|empty_like|empty_strided|new_empty_strided|zeros|zero_|fill_|full|"
+                         r"copy_|_to_copy|clone|contiguous|view|_unsafe_view|as_strided|alias|detach|set_|slice|"
+                         r"select|unsqueeze|squeeze|permute|transpose|t|expand|reshape|lift_fresh|_local_scalar_dense|"
+                         r"is_same_size|sym_\w+)\b")
+
+
+class watch_host_compute:
+    """Around one untimed run_kernel call: did PyTorch, not the candidate's kernel, compute on the inputs?
+
+    The big floating inputs (K and V here) are tainted, and so is what is copied or
+    viewed from them; any other aten op reading tainted data is PyTorch doing the
+    work (kernel launches issue no aten ops). ``reason`` says what was found, or is None.
+    """
+
+    def __init__(self, args: list, outputs: list[int]):
+        import torch
+
+        floats = [a for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()
+                  and i not in outputs]
+        top = max((a.numel() for a in floats), default=0)
+        self.tainted = {a.untyped_storage().data_ptr() for a in floats if a.numel() * 8 >= top}
+        self.reason: Optional[str] = None
+
+    def _dispatch(self, func, args, kwargs):
+        import torch
+
+        def storages(tree):
+            return [t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves(tree)
+                    if isinstance(t, torch.Tensor)]
+        out = func(*args, **(kwargs or {}))
+        if any(p in self.tainted for p in storages((args, kwargs))):
+            if PASSTHROUGH.match(str(func)):
+                self.tainted.update(storages(out) + (storages(args[0]) if str(func).startswith("aten.copy_") else []))
+            elif self.reason is None:
+                self.reason = f"computes with PyTorch on its inputs ({func}) instead of in its own kernel"
+        return out
+
+    def __enter__(self) -> "watch_host_compute":
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        watch = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                return watch._dispatch(func, args, kwargs)
+
+        self.mode = _Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.mode.__exit__(*exc)
+        return False

@@ -35,7 +35,6 @@ if [ "$STAGE" = starters ] || [ "$STAGE" = all ]; then
   ev ours-cuda "$OURS" "$OURS/starter/decode_cuda.cu"
   ev seed-triton "$SEED" "$SEED/starter/smoke_test-Triton.txt"
   ev seed-cuda "$SEED" "$SEED/starter/smoke_test-CUDAMaca.txt"
-  ev seed-triton-on-ours "$OURS" "$SEED/starter/smoke_test-Triton.txt"
   python3 -m pytest -q -m gpu tests --ignore=tests/test_llm_planner.py --ignore=tests/test_edits.py > "$OUT/pytest-gpu.log" 2>&1; echo "pytest -m gpu: exit $?"; tail -3 "$OUT/pytest-gpu.log"
 fi
 if [ "$STAGE" = run ] || [ "$STAGE" = all ]; then
@@ -45,9 +44,12 @@ if [ "$STAGE" = run ] || [ "$STAGE" = all ]; then
   oa leaderboard --diff > "$OUT/leaderboard.log" 2>&1
   tail -25 "$OUT/run.log"
   head -20 "$OUT/leaderboard.log"
+  python3 bench/decode_table.py agent/strategies/paged_decode/splitkv_*.py "$OUT"/runs/*/best/kernel.py \
+    > "$OUT/decode_table.txt" 2>&1
 fi
 python3 bench/summarize.py "$OUT" > "$OUT/summary.txt" 2>&1
 # Only 8 files come back from the device: everything else travels in one archive.
 (cd "$OUT" && tar czf /tmp/logs.tgz --exclude=runs . runs 2>/dev/null; mkdir -p keep && mv /tmp/logs.tgz keep/ \
-  && find . -maxdepth 1 -type f ! -name summary.txt ! -name check.log -delete; rm -rf runs)
+  && find . -maxdepth 1 -type f ! -name summary.txt ! -name check.log ! -name decode_table.txt ! -name run.log -delete; rm -rf runs)
 cat "$OUT/summary.txt"
+[ -f "$OUT/decode_table.txt" ] && cat "$OUT/decode_table.txt"

@@ -27,11 +27,11 @@ def starter(task):
     return task.starter(Language.TRITON).source
 
 
-def evaluator(task, timeout=120.0, hidden=False, first_only=True):
+def evaluator(task, timeout=120.0, hidden=False, first_only=True, static_scan=True):
     cases = select_cases(task, "cpu", 0, None, hidden=hidden)
     if first_only:
         cases = cases[:1]
-    return SandboxEvaluator(task, "cpu", cases, timeout_s=timeout)
+    return SandboxEvaluator(task, "cpu", cases, timeout_s=timeout, static_scan=static_scan)
 
 
 def with_body(starter: str, prologue: str) -> str:
@@ -97,7 +97,9 @@ def test_infinite_loop_times_out_within_the_limit(task, starter):
 
 def test_kernel_that_kills_its_process_is_a_runtime_error(task, starter):
     crash = with_body(starter, "    import os\n    os.abort()\n")
-    result = evaluator(task).evaluate(crash, Language.TRITON)
+    assert evaluator(task).evaluate(crash, Language.TRITON).status is Status.REJECTED  # the scan sees it first
+    # Behind the scan (which obfuscation can dodge), the crash itself is still a verdict:
+    result = evaluator(task, static_scan=False).evaluate(crash, Language.TRITON)
     assert result.status is Status.RUNTIME_ERROR
     assert "SIGABRT" in result.reason
 

@@ -11,6 +11,9 @@
 // block of the (batch, head) to finish (FUSED_COMBINE=1, atomic ticket) or by a
 // second kernel.  A block whose split is the only one that sees tokens writes
 // the output directly.  Page ids of the split are staged in shared memory.
+// The split count is sized from the kernel's occupancy: about WAVES x (blocks
+// resident per SM) x SMs blocks, all splits of equal length.
+// Launches go to the default stream; scratch grows with cudaMalloc and is kept.
 //
 // Build: nvcc -O3 -shared -Xcompiler -fPIC -arch=sm_90 -o x.so splitkv.cu
 
@@ -20,8 +23,8 @@
 #include <cuda_runtime.h>
 
 #define THREADS 128  // knob: 64, 128, 256
-#define TOK_UNROLL 8  // knob: 2, 4, 8
-#define WAVES 2  // knob: 1, 2, 3, 4, 8
+#define TOK_UNROLL 4  // knob: 2, 4, 8
+#define WAVES 1  // knob: 1, 2, 3, 4, 8
 #define FUSED_COMBINE 1  // knob: 0, 1
 #define COMBINE_THREADS 128  // knob: 64, 128, 256
 
@@ -73,24 +76,42 @@ __device__ __forceinline__ void merge_factors(float m, float m2, float& mn, floa
     fb = exp2f(m2 - mu);
 }
 
-// Merges the partials of the n_act splits of output rows row0..row0+GT-1 and writes bf16.
+// Merges the partials of the n_act splits of output rows rows[0..GT) and writes bf16.
+// Block-wide (contains __syncthreads): every thread of the block must call it.
+// s_w: shared scratch of at least GT * (n_act + 1) floats.
 template <int GT>
-__device__ void combine_rows(const Params& p, const int* rows, int n_act, int tid, int nthreads) {
+__device__ void combine_rows(const Params& p, const int* rows, int n_act, int tid, int nthreads, float* s_w) {
+    const int lane = tid & 31, warp = tid >> 5, nw = nthreads >> 5;
+    float* s_l = s_w + GT * n_act;
+    // per row: max of the partial maxima, split weights and the weighted sum of l (one warp a row)
+    for (int g = warp; g < GT; g += nw) {
+        const long long base = (long long)rows[g] * p.n_splits;
+        float mx = -INFINITY;
+        for (int s = lane; s < n_act; s += 32) mx = fmaxf(mx, __ldcg(p.m_buf + base + s));
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        if (mx == -INFINITY) mx = 0.f;
+        float lsum = 0.f;
+        for (int s = lane; s < n_act; s += 32) {
+            const float w = exp2f(__ldcg(p.m_buf + base + s) - mx);
+            s_w[g * n_act + s] = w;
+            lsum += w * __ldcg(p.l_buf + base + s);
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, off);
+        if (lane == 0) s_l[g] = lsum;
+    }
+    __syncthreads();
     for (int idx = tid; idx < GT * p.D; idx += nthreads) {
         const int g = idx / p.D;
         const int d = idx - g * p.D;
-        const long long base = (long long)rows[g] * p.n_splits;
-        float mx = -INFINITY;
-        for (int s = 0; s < n_act; ++s) mx = fmaxf(mx, __ldcg(p.m_buf + base + s));
-        if (mx == -INFINITY) mx = 0.f;
-        float lsum = 0.f, o = 0.f;
-        for (int s = 0; s < n_act; ++s) {
-            const float w = exp2f(__ldcg(p.m_buf + base + s) - mx);
-            lsum += w * __ldcg(p.l_buf + base + s);
-            o += w * __ldcg(p.a_buf + (base + s) * p.D + d);
-        }
-        o = (lsum > 0.f) ? o / lsum : 0.f;
-        p.out[(long long)rows[g] * p.D + d] = __float2bfloat16(o);
+        const float* a = p.a_buf + (long long)rows[g] * p.n_splits * p.D + d;
+        const float* w = s_w + g * n_act;
+        float o = 0.f;
+#pragma unroll 8
+        for (int s = 0; s < n_act; ++s) o = fmaf(w[s], __ldcg(a + (long long)s * p.D), o);
+        const float lsum = s_l[g];
+        p.out[(long long)rows[g] * p.D + d] = __float2bfloat16(lsum > 0.f ? o / lsum : 0.f);
     }
 }
 
@@ -316,7 +337,7 @@ __global__ void __launch_bounds__(THREADS) paged_decode_split(Params p) {
     __syncthreads();
     if (!s_last) return;
     __threadfence();
-    combine_rows<GT>(p, rows, n_act, tid, THREADS);
+    combine_rows<GT>(p, rows, n_act, tid, THREADS, smem + ((p.split_pages + 3) & ~3));
 #endif
 }
 
@@ -330,7 +351,8 @@ __global__ void __launch_bounds__(COMBINE_THREADS) paged_decode_combine(Params p
     const int n_act = limit <= 0 ? 0 : min((limit + p.split_tokens - 1) / p.split_tokens, p.n_splits);
     if (n_act <= 1) return;  // written by the split kernel
     int rows[1] = {orow};
-    combine_rows<1>(p, rows, n_act, threadIdx.x, COMBINE_THREADS);
+    extern __shared__ float c_smem[];
+    combine_rows<1>(p, rows, n_act, threadIdx.x, COMBINE_THREADS, c_smem);
 }
 #endif
 
@@ -386,7 +408,7 @@ struct Plan {
     long long key[10];
     Params p;
     dim3 grid;
-    size_t smem;
+    size_t smem, combine_smem;
     int lanes, gt, n_rows;
     bool valid;
 };
@@ -440,6 +462,7 @@ extern "C" void run_kernel(const __nv_bfloat16* q, const __nv_bfloat16* k_cache_
         int n_splits = (WAVES * resident * g_sms[dev]) / units;
         if (n_splits < 1) n_splits = 1;
         if (n_splits > pages) n_splits = pages;
+        if (n_splits > 1024) n_splits = 1024;  // the merge keeps one weight per split in shared memory
         int split_pages = (pages + n_splits - 1) / n_splits;
         // round a split to whole block-steps (warps x tokens per warp step) when that keeps the count
         if (step_pages > 1) {
@@ -487,7 +510,12 @@ extern "C" void run_kernel(const __nv_bfloat16* q, const __nv_bfloat16* k_cache_
         p.a_buf = g_scratch ? g_scratch + (size_t)2 * n_rows * n_splits : nullptr;
         p.counters = g_counters;
         g_plan.grid = dim3(n_splits, units, 1);
-        g_plan.smem = (size_t)(((split_pages + 3) & ~3) + NWARPS * gt * D + 2 * NWARPS * gt) * sizeof(float);
+        // shared: staged page ids, then the warps' partials (or, in the merging block, split weights)
+        size_t tail = (size_t)NWARPS * gt * D + 2 * NWARPS * gt;
+        const size_t weights = (size_t)gt * (n_splits + 1);
+        if (FUSED_COMBINE && weights > tail) tail = weights;
+        g_plan.smem = (((size_t)split_pages + 3) / 4 * 4 + tail) * sizeof(float);
+        g_plan.combine_smem = (size_t)(n_splits + 1) * sizeof(float);
         g_plan.lanes = lanes;
         g_plan.gt = gt;
         g_plan.n_rows = n_rows;
@@ -508,7 +536,7 @@ extern "C" void run_kernel(const __nv_bfloat16* q, const __nv_bfloat16* k_cache_
         return;
     }
 #if !FUSED_COMBINE
-    if (p.n_splits > 1) paged_decode_combine<<<g_plan.n_rows, COMBINE_THREADS>>>(p);
+    if (p.n_splits > 1) paged_decode_combine<<<g_plan.n_rows, COMBINE_THREADS, g_plan.combine_smem>>>(p);
 #endif
 #ifdef PAGED_DECODE_DEBUG
     cudaError_t err = cudaGetLastError();

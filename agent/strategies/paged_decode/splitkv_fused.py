@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 PAGES_PER_ITER = 8  # knob: 1, 2, 4, 8
-WAVES = 2  # knob: 1, 2, 3, 4, 8
+WAVES = 1  # knob: 1, 2, 3, 4, 8
 NUM_WARPS = 4  # knob: 1, 2, 4, 8
 NUM_STAGES = 1  # knob: 1, 2, 3
 SPLIT_CHUNK = 16  # knob: 8, 16, 32, 64

@@ -1,0 +1,136 @@
+"""Issue-5 table on a GPU: best kernel vs torch gather+SDPA vs starters, per contest case.
+
+GPU time by CUDA-graph replay (L2 flushed before each replay, median of 20),
+eager time of the whole call; floor = K+V bytes read / measured copy bandwidth.
+A benchmark, not a test: kernels run in this process.
+
+    python3 bench/decode_table.py KERNEL.py [KERNEL.py ...]
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+TASK = ROOT / "tasks" / "flashattn_task_package"
+CASES = [(bs, s) for s in (1024, 4096, 8192, 16384) for bs in (1, 4, 16)]
+H, D, PAGE = 8, 128, 16
+
+
+def load(path: Path):
+    spec = importlib.util.spec_from_file_location(f"k_{abs(hash(path))}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.run_kernel
+
+
+def torch_ref(q, k, v, out, seqlens, table, bs, seqlen_k, *rest):
+    idx = table[:, : (seqlen_k + PAGE - 1) // PAGE]
+    kk = k[idx].reshape(bs, -1, H, D)[:, :seqlen_k].transpose(1, 2)
+    vv = v[idx].reshape(bs, -1, H, D)[:, :seqlen_k].transpose(1, 2)
+    out.copy_(F.scaled_dot_product_attention(q.transpose(1, 2), kk, vv).transpose(1, 2))
+
+
+def make(bs: int, s: int):
+    nb = max(1024, math.ceil(s / PAGE) * bs * 3)
+    g = torch.Generator(device="cuda").manual_seed(bs * 100003 + s)
+    q = torch.randn(bs, 1, H, D, dtype=torch.bfloat16, device="cuda", generator=g)
+    k = torch.randn(nb, PAGE, H, D, dtype=torch.bfloat16, device="cuda", generator=g)
+    v = torch.randn(nb, PAGE, H, D, dtype=torch.bfloat16, device="cuda", generator=g)
+    out = torch.empty_like(q)
+    seqlens = torch.full((bs,), s, dtype=torch.int32, device="cuda")
+    table = torch.randperm(nb, dtype=torch.int32, device="cuda", generator=g).reshape(bs, -1)
+    return [q, k, v, out, seqlens, table, bs, s, 1, H, H, D, PAGE, nb, 0]
+
+
+def gpu_us(fn, args, flush) -> float:
+    fn(*args)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn(*args)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(20):
+        flush.zero_()
+        start.record()
+        g.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def eager_us(fn, args, flush) -> float:
+    import time
+
+    times = []
+    for _ in range(20):
+        flush.zero_()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn(*args)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+def bandwidth_gbs() -> float:
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    b.copy_(a)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ts = []
+    for _ in range(10):
+        start.record()
+        b.copy_(a)
+        end.record()
+        torch.cuda.synchronize()
+        ts.append(start.elapsed_time(end) / 1e3)
+    return 2 * a.numel() / statistics.median(ts) / 1e9
+
+
+def main() -> None:
+    kernels = {"torch": torch_ref, "starter": load(TASK / "starter" / "decode_triton.py")}
+    for p in sys.argv[1:]:
+        kernels[Path(p).parent.parent.name[-12:] if Path(p).name == "kernel.py" else Path(p).stem] = load(Path(p))
+    bw = bandwidth_gbs()
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    names = list(kernels)
+    print(f"copy bandwidth {bw:.0f} GB/s; GPU us (graph replay, L2 flushed, median of 20) / eager us")
+    print(f"{'bs/seqlen':<11}{'floor':>7}" + "".join(f"{n[:14]:>22}" for n in names) + f"{'% floor (last)':>16}")
+    geo = {n: [] for n in names}
+    for bs, s in CASES:
+        args = make(bs, s)
+        floor = 2 * bs * s * H * D * 2 / (bw * 1e3)
+        ref = args[3].clone()
+        torch_ref(*args[:3], ref, *args[4:])
+        row = f"{bs}/{s // 1024}k".ljust(11) + f"{floor:7.1f}"
+        last = None
+        for n, fn in kernels.items():
+            out = args[3]
+            out.fill_(float("nan"))
+            fn(*args)
+            torch.cuda.synchronize()
+            err = float((out.float() - ref.float()).norm() / ref.float().norm())
+            g, e = gpu_us(fn, args, flush), eager_us(fn, args, flush)
+            geo[n].append(g)
+            last = g
+            row += f"{g:10.1f} /{e:8.1f}{'!' if err > 2e-2 else ' '}  "
+        row += f"{100 * floor / last:14.0f}%"
+        print(row)
+    gm = {n: math.exp(sum(map(math.log, v)) / len(v)) for n, v in geo.items()}
+    print("geomean GPU us: " + ", ".join(f"{n} {v:.1f}" for n, v in gm.items()))
+    if len(names) > 2:
+        print(f"speedup of {names[-1]} over torch (geomean, GPU time): {gm['torch'] / gm[names[-1]]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
