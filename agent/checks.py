@@ -1,15 +1,15 @@
-"""Integrity rules of the candidate process: a static scan, import blocking, an audit guard.
+"""Integrity rules of the candidate process: a static scan, and run-time guards.
 
-The static scan names the forbidden thing before any code runs. Rather than list
-bad calls (a list is dodged by ``getattr(__import__('o'+'s'), ...)``), it bounds
-what a kernel file can reach at all: imports from an allowlist; no dynamic code,
-no computed attribute names, no dunders or frame attributes, no patching of
-modules; and host code (outside ``@triton.jit``) may not do the math with
-PyTorch. What gets past it meets ``lock_imports``: an import blocker and a PEP
-578 audit hook (Python code cannot remove one) that refuses process, file, frame
-and gc access made by the candidate's own code. ``watch_host_compute`` tells a
-kernel from PyTorch doing the work. The worker's and the judge's dynamic checks
-are what a score rests on; this module only narrows what a candidate can try.
+The scan names the forbidden thing before any code runs. A list of bad calls is
+dodged by ``getattr(__import__('o'+'s'), ...)``, so instead it bounds what a
+kernel file can reach at all: imports from an allowlist; no dynamic code, no
+computed attribute names, no dunders or frame attributes, no patching of
+modules; host code (outside ``@triton.jit``) may not do the math with PyTorch.
+What gets past it meets ``lock_imports``: an import blocker and a PEP 578 audit
+hook (Python code cannot remove one) refusing process, file, frame and gc access
+made by the candidate's own code; and ``watch_host_compute``, which tells a
+kernel from PyTorch doing the work. The worker's and the judge's checks are what
+a score rests on; this module narrows what a candidate can try.
 """
 
 from __future__ import annotations
@@ -25,23 +25,20 @@ from typing import Callable, Optional
 
 from .schema import Language
 
-# Libraries that would compute the answer, and the harness (a prefix match: flash_attn_2_cuda is FlashAttention too).
-LIBRARIES = re.compile(r"(flash_?attn|flashinfer|flash_mla|xformers|vllm|sgl_kernel|sglang|deep_gemm|apex|"
+# Libraries that would compute the answer, and the harness's modules; a prefix match, so
+# flash_attn_2_cuda (FlashAttention's extension) and optagent_task_hooks (the reference) count.
+LIBRARIES = re.compile(r"flash_?attn|flashinfer|flash_mla|xformers|vllm|sgl_kernel|sglang|deep_gemm|apex|"
                        r"transformer_engine|liger_kernel|flag_gems|triton_kernels|tensorrt|torch_tensorrt|"
-                       r"testcase_config|optagent)")
-FORBIDDEN_MODULES = ("flash_attn", "flashinfer", "xformers", "vllm", "sgl_kernel", "sglang", "deep_gemm",
-                     "flash_mla", "testcase_config", "optagent_task_hooks", "optagent")
-# A kernel file needs nothing else; other modules are refused, with a reason for the known-bad ones.
-ALLOWED_IMPORTS = {"__future__", "math", "cmath", "typing", "typing_extensions", "functools", "itertools",
-                   "dataclasses", "enum", "collections", "numbers", "abc", "warnings", "copy", "torch", "triton",
-                   "tilelang"}
+                       r"testcase_config|optagent")
+ALLOWED_IMPORTS = set("__future__ math cmath typing typing_extensions functools itertools dataclasses enum "
+                      "collections numbers abc warnings copy torch triton tilelang".split())
 
 
 def _table(groups: dict[str, str]) -> dict[str, str]:
     return {name: why for why, names in groups.items() for name in names.split()}
 
 
-MODULE_WHY = _table({
+MODULE_WHY = _table({  # why a module is refused (the rest: "not needed by a kernel")
     "processes, files and the environment": "os posix nt", "reaches into the interpreter": "sys",
     "reads the harness's objects": "gc", "inspects the caller's frames": "inspect traceback",
     "runs other processes": "subprocess multiprocessing pty", "opens network connections": "socket ssl http urllib",
@@ -51,8 +48,7 @@ MODULE_WHY = _table({
     "touches files": "shutil pathlib io tempfile glob fcntl mmap fileinput", "runs code after the checks": "atexit",
     "decodes hidden code or data": "pickle marshal dill base64 binascii codecs zlib bz2 lzma",
     "builds code at run time": "code codeop types ast dis", "computes on the host": "numpy scipy jax"})
-# Attributes no kernel touches, whatever they are reached through (torch.os, triton.runtime.jit.sys...).
-FORBIDDEN_ATTRS = _table({
+FORBIDDEN_ATTRS = _table({  # whatever object they are reached through (torch.os, triton.runtime.jit.sys...)
     "reaches a module it may not import": "os posix sys gc inspect subprocess multiprocessing threading _thread "
                                           "ctypes importlib builtins shutil pathlib socket runpy pickle marshal",
     "touches processes or the environment": "environ environb getenv putenv unsetenv _exit system popen fork forkpty "
@@ -74,13 +70,10 @@ TORCH_MATH = set("softmax log_softmax matmul bmm baddbmm mm addmm addbmm einsum 
                  "logsumexp sigmoid scaled_dot_product_attention numpy".split())
 ALLOWED_DUNDERS = set("__init__ __name__ __qualname__ __doc__ __call__ __len__ __getitem__ __setitem__ __iter__ "
                       "__next__ __enter__ __exit__ __repr__ __str__ __eq__ __hash__ __post_init__".split())
-FORBIDDEN_NAMES = {"__import__": "imports modules dynamically (__import__)", "exec": "executes dynamic code (exec)",
-                   "eval": "evaluates dynamic code (eval)", "compile": "compiles dynamic code (compile)",
-                   "open": "opens files (open)", "globals": "reads module namespaces (globals)",
-                   "locals": "reads frame namespaces (locals)", "vars": "reads object namespaces (vars)",
-                   "setattr": "patches attributes (setattr)", "delattr": "patches attributes (delattr)",
-                   "breakpoint": "starts a debugger", "input": "reads stdin", "__builtins__": "touches __builtins__",
-                   "__loader__": "touches __loader__", "__spec__": "touches __spec__"}
+FORBIDDEN_NAMES = _table({"imports modules dynamically": "__import__", "runs dynamic code": "exec eval compile",
+                         "opens files": "open", "reads namespaces": "globals locals vars", "patches attributes":
+                         "setattr delattr", "debugs or reads stdin": "breakpoint input",
+                         "touches the module machinery": "__builtins__ __loader__ __spec__"})
 JIT_DECORATORS = {"jit", "autotune", "heuristics", "prim_func", "macro"}
 FORMAT_ATTR = re.compile(r"\{[^{}]*\.(_\w*|f_\w+|tb_\w+)")  # "{0.__globals__}".format(f) walks attributes too
 
@@ -91,8 +84,13 @@ def _parts(node: ast.AST, aliases: dict[str, str]) -> list[str]:
     while isinstance(node, ast.Attribute):
         attrs.append(node.attr)
         node = node.value
-    root = aliases.get(node.id, node.id) if isinstance(node, ast.Name) else "?"
-    return root.split(".") + attrs[::-1]
+    return (aliases.get(node.id, node.id) if isinstance(node, ast.Name) else "?").split(".") + attrs[::-1]
+
+
+def _imported(node: ast.AST, aliases: dict[str, str]) -> bool:
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return isinstance(node, ast.Name) and node.id in aliases
 
 
 def _chain_why(parts: list[str], host: bool, imported: bool) -> Optional[str]:
@@ -106,29 +104,10 @@ def _chain_why(parts: list[str], host: bool, imported: bool) -> Optional[str]:
         if imported and p.startswith("_") and parts[0] in ("torch", "triton"):
             return f"uses private internals ({name})"
     if imported and parts[0] == "torch" and len(parts) > 1 and parts[1] in TORCH_FORBIDDEN:
-        return f"uses {'.'.join(parts[:2])}, which a kernel file may not use ({name})"
+        return f"uses torch.{parts[1]}, which a kernel file may not use ({name})"
     if host and parts[0] not in ("math", "cmath", "triton") and any(p in TORCH_MATH for p in parts[1:]):
         return f"computes with PyTorch on the host ({name}) instead of in its own kernel"
     return None
-
-
-def _device_nodes(tree: ast.AST) -> set[int]:
-    """ids of the nodes inside @triton.jit / autotune / prim_func functions (device code)."""
-    inside: set[int] = set()
-    for fn in ast.walk(tree):
-        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            for d in fn.decorator_list:
-                d = d.func if isinstance(d, ast.Call) else d
-                if (d.attr if isinstance(d, ast.Attribute) else getattr(d, "id", "")) in JIT_DECORATORS:
-                    inside.update(id(n) for n in ast.walk(fn))
-                    break
-    return inside
-
-
-def _root(node: ast.AST) -> ast.AST:
-    while isinstance(node, (ast.Attribute, ast.Subscript)):
-        node = node.value
-    return node
 
 
 def _import_why(node: ast.AST, aliases: dict[str, str]) -> Optional[str]:
@@ -145,8 +124,8 @@ def _import_why(node: ast.AST, aliases: dict[str, str]) -> Optional[str]:
                     f"only {', '.join(sorted(ALLOWED_IMPORTS - {'__future__'}))}")
         if alias.name == "*":
             return f"uses `from {base} import *` (names must be visible to the scan)"
-        why = _chain_why(full.split("."), host=True, imported=True)
-        if why and root != "__future__":
+        why = _chain_why(full.split("."), host=True, imported=True) if root != "__future__" else None
+        if why:
             return why
         aliases[alias.asname or (alias.name if base else root)] = full if (alias.asname or base) else root
     return None
@@ -158,38 +137,38 @@ def scan_python(source: str) -> Optional[str]:
     except SyntaxError:
         return None  # the backend reports it as COMPILE_ERROR with the line
     aliases: dict[str, str] = {}
+    device: set[int] = set()  # nodes inside @triton.jit / autotune / prim_func functions
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             why = _import_why(node, aliases)
             if why:
                 return why
-    device = _device_nodes(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            decos = [d.func if isinstance(d, ast.Call) else d for d in node.decorator_list]
+            if any((d.attr if isinstance(d, ast.Attribute) else getattr(d, "id", "")) in JIT_DECORATORS for d in decos):
+                device.update(id(n) for n in ast.walk(node))
     called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     for node in ast.walk(tree):
-        host = id(node) not in device
-        why = None
+        host, why = id(node) not in device, None
         if isinstance(node, ast.Name):
             if node.id == "getattr" and id(node) not in called:
                 why = "passes getattr around (attribute names must be visible to the scan)"
             elif node.id in FORBIDDEN_NAMES and node.id not in aliases:
-                why = FORBIDDEN_NAMES[node.id]
+                why = f"{FORBIDDEN_NAMES[node.id]} ({node.id})"
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr":
             name = node.args[1] if len(node.args) >= 2 else None
             if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
                 why = "computes an attribute name at run time (getattr with a non-literal name)"
             else:
-                r = _root(node.args[0])
-                why = _chain_why(_parts(node.args[0], aliases) + [name.value], host,
-                                 isinstance(r, ast.Name) and r.id in aliases)
+                why = _chain_why(_parts(node.args[0], aliases) + [name.value], host, _imported(node.args[0], aliases))
         elif isinstance(node, ast.Attribute):
-            r = _root(node)
-            why = _chain_why(_parts(node, aliases), host, isinstance(r, ast.Name) and r.id in aliases)
+            why = _chain_why(_parts(node, aliases), host, _imported(node, aliases))
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
             targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
-            for sub in (s for t in targets for s in ast.walk(t) if isinstance(s, ast.Attribute)):
-                r = _root(sub)
-                if isinstance(r, ast.Name) and r.id in aliases:
-                    why = f"patches {'.'.join(_parts(sub, aliases))} (a kernel never changes library state)"
+            hit = next((s for t in targets for s in ast.walk(t)
+                        if isinstance(s, ast.Attribute) and _imported(s, aliases)), None)
+            if hit is not None:
+                why = f"patches {'.'.join(_parts(hit, aliases))} (a kernel never changes library state)"
         elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult) and host:
             why = "computes with PyTorch on the host (the @ operator) instead of in its own kernel"
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and FORMAT_ATTR.search(node.value):
@@ -221,17 +200,6 @@ CUDA_FORBIDDEN = {
     r"/proc/|\.\./": "names paths outside its scratch directory",
     r"cublas|cudnn|flash_?attn|flashinfer|cutlass/": "calls a library instead of a kernel",
 }
-# Undefined symbols of the candidate's own object file (nvcc -c, before linking: the static
-# cudart imports many of these itself): a backstop for what the source scan cannot see.
-CUDA_FORBIDDEN_SYMBOLS = set("system popen fork vfork execv execve execvp execvpe execl execlp execle posix_spawn "
-                             "posix_spawnp clone getenv secure_getenv setenv putenv environ __environ fopen fopen64 "
-                             "freopen fdopen tmpfile mkstemp open open64 openat creat unlink rename mkdir dlopen dlsym "
-                             "dlmopen dlvsym pthread_create kill killpg raise signal sigaction syscall ptrace prctl "
-                             "mprotect socket connect _exit _Exit exit quick_exit abort cudaStreamCreate "
-                             "cudaStreamCreateWithFlags cudaStreamCreateWithPriority cuStreamCreate cudaLaunchHostFunc "
-                             "cudaStreamAddCallback cudaDeviceReset cudaSetDevice".split())
-
-
 def scan_cuda(source: str) -> Optional[str]:
     code = re.sub(r"//[^\n]*|/\*.*?\*/", "", source.replace("\\\n", ""), flags=re.S)
     for pattern, why in CUDA_FORBIDDEN.items():
@@ -242,7 +210,8 @@ def scan_cuda(source: str) -> Optional[str]:
 
 
 def scan_cuda_object(obj_path: str) -> Optional[str]:
-    """Why a compiled object file is refused, from the symbols it imports (needs binutils' nm)."""
+    """Why an object file (nvcc -c, before linking: the static cudart imports many of these itself)
+    is refused, from the symbols it imports: a backstop for what the source scan cannot see."""
     import subprocess
 
     try:
@@ -250,7 +219,8 @@ def scan_cuda_object(obj_path: str) -> Optional[str]:
     except (OSError, subprocess.TimeoutExpired):
         return None
     for name in (ln.split()[-1].split("@")[0] for ln in out.splitlines() if ln.strip()):
-        if name in CUDA_FORBIDDEN_SYMBOLS or name.startswith(("_ZNSt6thread", "_ZNSt7jthread")) or "fstream" in name:
+        call = re.sub(r"^(open|fopen|creat)64$", r"\1", name) + "()"
+        if scan_cuda(call) or name.startswith(("_ZNSt6thread", "_ZNSt7jthread")) or "fstream" in name:
             return f"the compiled kernel calls {name}, which a kernel never needs"
     return None
 
@@ -282,40 +252,43 @@ def redact(text: str, environ: Optional[dict] = None) -> str:
 
 
 class ImportBlocker(MetaPathFinder):
-    """Refuses, inside the candidate process, the libraries a kernel must not call."""
+    """Refuses, inside the candidate process, the libraries (and harness modules) a kernel must not call."""
 
     def __init__(self, report: Optional[Callable[[str], None]] = None):
         self.report = report
 
     def find_spec(self, fullname, path=None, target=None):
-        root = fullname.split(".")[0]
-        if root in FORBIDDEN_MODULES or (LIBRARIES.match(root) and root != "optagent_candidate"):
+        if LIBRARIES.match(fullname.split(".")[0]):
             if self.report is not None:
                 self.report(f"tried to import {fullname} at run time")
             raise ImportError(f"optagent: importing {fullname} is not allowed in a candidate kernel")
         return None
 
 
-# Audit events (PEP 578). Raised by the candidate's own code: refused (it needs none).
-# Raised inside torch/triton: allowed, except gc, signals, sockets, tracing, another
-# process's environment or memory and the job file (seed, nonce); spawning only from
-# triton (ptxas, launcher builds). optagent's own frames are trusted.
-EVENT_WHY = {"os.kill": "signal processes", "os.fork": "fork processes", "os.putenv": "change the environment",
-             "os.system": "run other programs", "os.exec": "run other programs", "os.spawn": "run other programs",
-             "os.posix_spawn": "run other programs", "subprocess.": "run other programs", "pty.": "run other programs",
-             "open": "open a file", "os.": "use the operating system", "shutil.": "touch files",
-             "ctypes.": "call native code", "gc.": "read the harness's objects through gc",
-             "sys.": "reach into the interpreter", "object.": "reach into interpreter internals",
-             "exec": "execute dynamic code", "compile": "compile dynamic code", "socket.": "open a network connection",
-             "marshal.": "load code", "pickle.": "load pickled code", "code.": "build code", "function.": "build code",
-             "builtins.input": "read stdin", "_thread.": "start a thread", "signal.": "send signals",
-             "tempfile.": "create files", "glob.": "list files"}
+# Audit events (PEP 578). Raised by the candidate's own code: refused (a kernel needs none).
+# Raised in torch/triton: allowed, except gc, signals, sockets, tracing, spawning (triton's
+# ptxas and launcher builds excepted), and reading another process's environment or memory
+# or the job file (seed, nonce). optagent's own frames are trusted. ctypes.call_function is
+# skipped: it fires on every call of a CUDA candidate (and a candidate cannot get a foreign
+# function without the refused ctypes.dlopen/dlsym).
+EVENT_WHY = _table({  # the longest matching prefix names what the event does
+    "signal processes": "os.kill os.killpg signal.", "fork processes": "os.fork os.forkpty", "open a file": "open",
+    "run other programs": "os.system os.exec os.spawn os.posix_spawn subprocess. pty.", "touch files": "shutil. glob.",
+    "use the operating system": "os. tempfile.", "call native code": "ctypes.", "reach into the interpreter": "sys.",
+    "read the harness's objects through gc": "gc.", "reach into interpreter internals": "object.",
+    "run dynamic code": "exec compile marshal. pickle. code. function.", "open a network connection": "socket.",
+    "read stdin": "builtins.input", "start a thread": "_thread."})
+EVENT_PREFIXES = tuple(EVENT_WHY)
 ALWAYS_REFUSED = ("gc.", "os.kill", "os.killpg", "socket.", "signal.pthread_kill", "sys._current_frames",
                   "sys.settrace", "sys.setprofile")
 SPAWN = ("subprocess.", "os.system", "os.exec", "os.spawn", "os.posix_spawn", "os.fork", "os.forkpty", "pty.")
-ALLOWED_STDLIB_FILES = tuple(os.sep + f for f in ("dataclasses.py", "typing.py", "enum.py", "functools.py",
-                                                   "abc.py", "copy.py", "warnings.py", "collections/__init__.py"))
 SECRET_PATH = re.compile(r"/proc/[^/]+/(environ|mem)$|(^|/)job-\w+\.json$")
+# Allowed stdlib modules that build code for the candidate (@dataclass, namedtuple) exec it and
+# read function signatures; only that is let through (copy.copy, which calls whatever a
+# __reduce_ex__ returns, is no helper: its events count as the candidate's).
+STDLIB_HELPERS = tuple(os.sep + f for f in ("dataclasses.py", "typing.py", "enum.py",
+                                            "collections" + os.sep + "__init__.py"))
+HELPER_ATTRS = {"__code__", "__defaults__", "__kwdefaults__", "__doc__", "__module__", "__qualname__", "__name__"}
 
 
 class AuditGuard:
@@ -327,64 +300,74 @@ class AuditGuard:
         self.scratch = os.path.abspath(os.getcwd()) + os.sep  # the worker runs in its scratch directory
         self.optagent = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
-    def origin(self) -> str:
-        """'candidate', 'optagent', 'triton' or 'library': whose code raised the event (stdlib frames skipped)."""
-        f = sys._getframe(2)
+    def origin(self) -> tuple[str, bool]:
+        """Whose code raised the event ('candidate', 'optagent', 'triton' or 'library'; stdlib frames
+        skipped), and whether an allowed stdlib helper (@dataclass, namedtuple...) stood in between."""
+        f, helper = sys._getframe(1).f_back, False  # the frame that raised the event, if any
         while f is not None:
             name = f.f_code.co_filename
-            if name.startswith("<frozen importlib") or name.endswith(ALLOWED_STDLIB_FILES):
-                return "library"  # an import, or @dataclass / namedtuple building code: judged by the scan
+            if name.startswith("<frozen importlib"):
+                return "library", helper  # loading a module the candidate imported: the import rules judged that
+            helper = helper or name.endswith(STDLIB_HELPERS)
             if not (name.startswith("<") or (name.startswith(self.stdlib) and not name.startswith(self.site))):
                 if name.startswith(self.scratch) or os.path.basename(name).startswith("candidate"):
-                    return "candidate"
+                    return "candidate", helper
                 if name.startswith(self.optagent):
-                    return "optagent"
-                return "triton" if f"{os.sep}triton{os.sep}" in name else "library"
+                    return "optagent", helper
+                return ("triton" if f"{os.sep}triton{os.sep}" in name else "library"), helper
             f = f.f_back
-        return "library"
+        return "library", helper
+
+    def refused(self, event: str, args: tuple) -> bool:
+        who, helper = self.origin()
+        first = args[0] if args else None
+        if who == "candidate":  # its own code raises no audited event, bar what helpers do for it
+            attr = args[1] if len(args) > 1 and isinstance(args[1], str) else ""
+            own = str(getattr(first, "__module__", "")).startswith("optagent_candidate")
+            return not ((event == "object.__setattr__" and (own or (helper and attr in HELPER_ATTRS)))
+                        or (helper and (event in ("exec", "compile")
+                                        or (event == "object.__getattr__" and attr in HELPER_ATTRS))))
+        return who != "optagent" and (bool(event == "open" and SECRET_PATH.search(str(first)))
+                                      or event.startswith(ALWAYS_REFUSED)
+                                      or (event.startswith(SPAWN) and who != "triton"))
 
     def __call__(self, event: str, args: tuple) -> None:
-        if not event.startswith(EVENT_PREFIXES) or os.getpid() != self.pid:
-            return  # cheap exit for imports and the like; a forked child is not ours to judge
+        if not event.startswith(EVENT_PREFIXES) or event == "ctypes.call_function" or os.getpid() != self.pid:
+            return  # cheap exit; a forked child is not ours to judge
         key = threading.get_ident()
         if key in self.busy:
             return  # origin() raises sys._getframe itself
         self.busy.add(key)
         try:
-            who = self.origin()
+            refused = self.refused(event, args)
+        except Exception:  # a bug here must not break honest kernels: the scan and the worker still stand
+            refused = False
         finally:
             self.busy.discard(key)
-        target = str(args[0]) if args and isinstance(args[0], (str, bytes, int, os.PathLike)) else ""
-        if who == "optagent":
-            return
-        if who == "candidate":  # a kernel's own code raises no audited event, bar setting its own class attributes
-            refused = not (event == "object.__setattr__"
-                           and str(getattr(args[0], "__module__", "")).startswith("optagent_candidate"))
-        else:
-            refused = bool(event == "open" and SECRET_PATH.search(target)) or event.startswith(ALWAYS_REFUSED) \
-                or (event.startswith(SPAWN) and who != "triton")
         if refused:
-            verb = next(v for p, v in EVENT_WHY.items() if event.startswith(p))
-            why = f"tried to {verb} at run time ({event}{': ' + target[:80] if target else ''})"
+            verb = EVENT_WHY[max((p for p in EVENT_PREFIXES if event.startswith(p)), key=len)]
+            target = str(args[0])[:80] if args and isinstance(args[0], (str, bytes, int, os.PathLike)) else ""
+            why = f"tried to {verb} at run time ({event}{': ' + target if target else ''})"
             if not self.violations and self.report is not None:
                 self.report(why)
             self.violations.append(why)
             raise PermissionError(f"optagent: a candidate kernel may not {verb} ({event})")
 
 
-EVENT_PREFIXES = tuple(EVENT_WHY)
 _GUARD: Optional[AuditGuard] = None
 
 
 def lock_imports(report: Optional[Callable[[str], None]] = None) -> AuditGuard:
-    """Lock the candidate process down before candidate code loads: imports, then the audit guard.
+    """Lock the candidate process down before candidate code loads (call it in the scratch directory).
 
-    ``report`` (the worker's integrity channel) hears the first violation, so that a
-    candidate which catches the PermissionError is still rejected.
+    Drops the libraries and the package's modules (testcase_config, the hooks' reference)
+    from sys.modules, blocks importing them again, and installs the audit guard. ``report``
+    (the worker's integrity channel) hears the first violation, so that a candidate that
+    catches the PermissionError is still rejected.
     """
     global _GUARD
     for name in list(sys.modules):
-        if name.split(".")[0] in FORBIDDEN_MODULES and not name.startswith("optagent"):
+        if LIBRARIES.match(name.split(".")[0]) and name.split(".")[0] != "optagent":
             del sys.modules[name]
     sys.meta_path.insert(0, ImportBlocker(report))
     if _GUARD is None:
@@ -400,50 +383,35 @@ PASSTHROUGH = re.compile(r"aten\.(empty|new_empty|empty_like|empty_strided|new_e
                          r"is_same_size|sym_\w+)\b")
 
 
-class watch_host_compute:
+def watch_host_compute(args: list, outputs: list[int]):
     """Around one untimed run_kernel call: did PyTorch, not the candidate's kernel, compute on the inputs?
 
-    The big floating inputs (K and V here) are tainted, and so is what is copied or
-    viewed from them; any other aten op reading tainted data is PyTorch doing the
-    work (kernel launches issue no aten ops). ``reason`` says what was found, or is None.
+    The big floating inputs (K and V here) are tainted, and so is what is copied or viewed
+    from them; any other aten op that reads tainted data is PyTorch doing the work (kernel
+    launches issue no aten ops). Use as ``with watch_host_compute(args, outs) as w: fn(*args)``;
+    ``w.reason`` then says what was found, or is None.
     """
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    def __init__(self, args: list, outputs: list[int]):
-        import torch
+    def storages(tree) -> list[int]:
+        return [t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves(tree)
+                if isinstance(t, torch.Tensor)]
 
-        floats = [a for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()
-                  and i not in outputs]
-        top = max((a.numel() for a in floats), default=0)
-        self.tainted = {a.untyped_storage().data_ptr() for a in floats if a.numel() * 8 >= top}
-        self.reason: Optional[str] = None
+    floats = [a for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point() and i not in outputs]
+    top = max((a.numel() for a in floats), default=0)
 
-    def _dispatch(self, func, args, kwargs):
-        import torch
+    class Watch(TorchDispatchMode):
+        tainted = {a.untyped_storage().data_ptr() for a in floats if a.numel() * 8 >= top}
+        reason: Optional[str] = None
 
-        def storages(tree):
-            return [t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves(tree)
-                    if isinstance(t, torch.Tensor)]
-        out = func(*args, **(kwargs or {}))
-        if any(p in self.tainted for p in storages((args, kwargs))):
-            if PASSTHROUGH.match(str(func)):
-                self.tainted.update(storages(out) + (storages(args[0]) if str(func).startswith("aten.copy_") else []))
-            elif self.reason is None:
-                self.reason = f"computes with PyTorch on its inputs ({func}) instead of in its own kernel"
-        return out
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if any(p in self.tainted for p in storages((args, kwargs))):
+                if PASSTHROUGH.match(str(func)):  # copies and views of tainted data stay tainted
+                    self.tainted.update(storages(out) + (storages(args[0]) if str(func).startswith("aten.copy_") else []))
+                elif self.reason is None:
+                    self.reason = f"computes with PyTorch on its inputs ({func}) instead of in its own kernel"
+            return out
 
-    def __enter__(self) -> "watch_host_compute":
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        watch = self
-
-        class _Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                return watch._dispatch(func, args, kwargs)
-
-        self.mode = _Mode()
-        self.mode.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        self.mode.__exit__(*exc)
-        return False
+    return Watch()

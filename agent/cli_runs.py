@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import time
 from pathlib import Path
@@ -148,6 +149,14 @@ def cmd_resume(a) -> int:
 
 
 def cmd_runs(a) -> int:
+    if a.json:
+        rows = []
+        for store in list_runs(runs_dir(a.runs_dir)):
+            st = store.state()
+            rows.append({"config": store.config.model_dump(mode="json"),
+                         "state": st.model_dump(mode="json") if st else None})
+        print(json.dumps(rows, indent=2))
+        return 0
     t = Table(title=f"runs in {runs_dir(a.runs_dir)}", title_justify="left")
     for col in ("run", "task", "planner", "lang", "device", "status", "steps", "best"):
         t.add_column(col)
@@ -164,6 +173,11 @@ def cmd_show(a) -> int:
     store = RunStore.open(runs_dir(a.runs_dir), a.run_id)
     con = console()
     cfg, st = store.config, store.state()
+    if a.json:
+        steps = [s for s in store.steps() if a.step is None or s.index == a.step]
+        print(json.dumps({"config": cfg.model_dump(mode="json"), "state": st.model_dump(mode="json") if st else None,
+                          "steps": [s.model_dump(mode="json") for s in steps]}, indent=2))
+        return 0
     if a.step is not None:
         step = next((s for s in store.steps() if s.index == a.step), None)
         if step is None:
@@ -196,6 +210,12 @@ def cmd_leaderboard(a) -> int:
     from .leaderboard import export, gather, print_board
 
     entries = gather(runs_dir(a.runs_dir), a.task)
+    if a.json:
+        print(json.dumps([{"run_id": e.config.run_id, "task": e.config.task_name, "device": e.config.device,
+                           "language": e.config.language.value, "planner": e.config.planner, "model": e.config.model,
+                           "geomean_speedup": e.speedup, "mean_pct_of_floor": e.floor_pct, "path": str(e.path)}
+                          for e in entries], indent=2))
+        return 0
     print_board(console(), entries, diff=a.diff)
     if a.html:
         from .report import write_leaderboard_html
@@ -240,17 +260,20 @@ def add_run_commands(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(fn=cmd_resume)
 
     ls = sub.add_parser("runs", help="list runs")
+    ls.add_argument("--json", action="store_true", help="print the runs as JSON")
     runs_opt(ls)
     ls.set_defaults(fn=cmd_runs)
 
     sh = sub.add_parser("show", help="show one run, or one step of it")
     sh.add_argument("run_id")
     sh.add_argument("--step", type=int)
+    sh.add_argument("--json", action="store_true", help="print the run (or the step) as JSON")
     runs_opt(sh)
     sh.set_defaults(fn=cmd_show)
 
     lb = sub.add_parser("leaderboard", help="best kernel of every run, ranked per task")
     lb.add_argument("--task", help="only this task")
+    lb.add_argument("--json", action="store_true", help="print the ranking as JSON")
     lb.add_argument("--diff", action="store_true", help="print each best kernel as a diff against its starter")
     lb.add_argument("--html", metavar="FILE", help="write the leaderboard as a self-contained HTML page")
     lb.add_argument("--export", metavar="DIR", help="write the best kernel per task in the contest's submit form")

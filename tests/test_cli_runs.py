@@ -148,3 +148,24 @@ def test_resume_refuses_a_changed_task_unless_forced(tmp_path, task_dir):
     assert refused.returncode == 2 and "changed" in refused.stderr and "--force" in refused.stderr
     forced = optagent("resume", run.name, "--force", runs=runs)
     assert forced.returncode == 0, forced.stderr
+
+
+def test_ctrl_c_stops_cleanly_and_leaves_the_run_resumable(tmp_path, task_dir):
+    env = {**os.environ, "OPTAGENT_RUNS_DIR": str(tmp_path)}
+    cmd = [sys.executable, "-m", "optagent.cli", "run", str(task_dir), "--planner", "replay", "--replay", str(REPLAY),
+           "--no-hidden"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not list(tmp_path.glob("*/steps/0001/proposal.json")):
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out + err
+    run = only_run(tmp_path)
+    all_json_valid(run)
+    assert RunState.model_validate_json((run / "state.json").read_text()).status.value == "INTERRUPTED"
+    assert "INTERRUPTED" in out
+    # Scripts see the same state through --json.
+    listing = optagent("runs", "--json", runs=tmp_path)
+    assert json.loads(listing.stdout)[0]["state"]["status"] == "INTERRUPTED"

@@ -18,19 +18,10 @@ from pathlib import Path
 import pytest
 from markupsafe import escape
 
-from optagent import report
+from optagent import report_charts, report_code
 from optagent.leaderboard import gather
-from optagent.report import (
-    add_report_commands,
-    case_chart,
-    linear_ticks,
-    log_ticks,
-    marker_path,
-    render_leaderboard,
-    render_run_report,
-    step_category,
-    write_leaderboard_html,
-)
+from optagent.report import add_report_commands, render_leaderboard, render_run_report, write_leaderboard_html
+from optagent.report_charts import case_chart, linear_ticks, log_ticks, marker_path, step_category
 from optagent.schema import (
     CaseKind,
     CaseResult,
@@ -182,8 +173,8 @@ def test_report_escapes_recorded_text(tmp_path):
 
 
 def test_fallback_highlighter_without_pygments(monkeypatch, store):
-    monkeypatch.setattr(report, "USE_PYGMENTS", False)
-    lines = report.highlight_lines(store.best()[0], Language.TRITON)
+    monkeypatch.setattr(report_code, "USE_PYGMENTS", False)
+    lines = report_code.highlight_lines(store.best()[0], Language.TRITON)
     assert len(lines) == len(store.best()[0].splitlines())
     joined = "\n".join(lines)
     assert '<span class="k">def</span>' in joined
@@ -193,8 +184,8 @@ def test_fallback_highlighter_without_pygments(monkeypatch, store):
     for line in lines:  # every line stands alone: spans never cross a line end
         assert line.count("<span") == line.count("</span>")
     page = render_run_report(store)
-    assert report.FALLBACK_CSS.splitlines()[0] in page
-    cuda = report.highlight_lines('#include <cuda.h>\n__global__ void k(float* x) { // c\n  x[0] = 1.0f; }\n',
+    assert report_code.FALLBACK_CSS.splitlines()[0] in page
+    cuda = report_code.highlight_lines('#include <cuda.h>\n__global__ void k(float* x) { // c\n  x[0] = 1.0f; }\n',
                                   Language.CUDA)
     assert '<span class="cp">#include &lt;cuda.h&gt;</span>' in cuda[0]
     assert '<span class="k">__global__</span>' in cuda[1] and '<span class="c1">// c</span>' in cuda[1]
@@ -288,7 +279,7 @@ def test_ticks_and_scales():
     assert linear_ticks(0, 2.5) == [0, 0.5, 1.0, 1.5, 2.0, 2.5]
     assert log_ticks(0.5, 1000) == [0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
     assert log_ticks(1e-3, 1e6) == [1e-3, 1e-2, 1e-1, 1, 10, 100, 1e3, 1e4, 1e5, 1e6]
-    assert report.log_floor(1.02) == 0.5 and report.log_floor(13.0) == 5
+    assert report_charts.log_floor(1.02) == 0.5 and report_charts.log_floor(13.0) == 5
     for shape in ("circle", "ring", "diamond", "square", "triangle", "triangle_down", "octagon", "cross", "plus"):
         assert re.fullmatch(r"M[-\d.,aLZ ]+Z|M[-\d.,]+a[-\d., ]+a[-\d., ]+Z", marker_path(shape, 10, 10, 5)), shape
 

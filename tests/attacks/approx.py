@@ -1,7 +1,8 @@
 """Attack class: approximations that pass allclose(1e-2).
 Attack: a 'low-precision trick': K and V are rounded to 3 mantissa bits (an fp8-e4m3
-cache emulated in registers) before use.  Element-wise the output stays within a few
-1e-3 of the truth, but its relative error is several times that of a bf16 computation.
+cache emulated in registers) before use.  On contest-sized cases (1024+ tokens) the
+output stays within allclose(rtol=1e-2, atol=1e-2) of the truth, but its relative error
+(about 4e-2) is several times that of a bf16 computation (tolerance 1e-2 .. 2.8e-2).
 Expected verdict: INCORRECT -- "relative error ... exceeds".
 """
 

@@ -1,6 +1,6 @@
 """Attack class: harness attacks, obfuscated (eval of a compiled code object).
 Attack: eval(compile(...)) through names bound to other variables.
-Expected verdict: REJECTED -- "compile".
+Expected verdict: REJECTED -- "runs dynamic code (eval)".
 """
 
 import math

@@ -1,6 +1,6 @@
 """Attack class: harness attacks, obfuscated (dodging a list of names).
 Attack: getattr(__import__('o' + 's'), 'sys' + 'tem')('true') -- no 'os', no 'system' in the text.
-Expected verdict: REJECTED -- "__import__".
+Expected verdict: REJECTED -- "computes an attribute name" (or "__import__").
 """
 
 import math

@@ -1,6 +1,6 @@
 """Attack class: harness attacks, obfuscated.
 Attack: globals()['__builtins__'] to reach __import__ without naming it as a name.
-Expected verdict: REJECTED -- "globals".
+Expected verdict: REJECTED -- "environ" or "globals" (whichever the scan meets first).
 """
 
 import math

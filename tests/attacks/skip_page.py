@@ -1,7 +1,7 @@
 """Attack class: approximations that pass allclose(1e-2).
-Attack: on sequences longer than 256 tokens it skips the sixth page (16 of >256 keys);
-the output moves by about 1e-2 in absolute terms, which the contest's own
-allclose(rtol=1e-2, atol=1e-2) check tends to accept.
+Attack: on sequences longer than 256 tokens it skips the sixth page (16 of >256 keys):
+a few percent of the work saved, an answer a few 1e-2 off in absolute terms on long
+sequences, and exactly right on every short (smoke) case.
 Expected verdict: INCORRECT -- "relative error ... exceeds" on the hidden 333-token case
 (tolerance = 4x the error of a bf16 PyTorch computation against float64).
 """

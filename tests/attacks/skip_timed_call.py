@@ -5,8 +5,9 @@ half of the heads.  The rest of `output` still holds the warm-up call's answer f
 same inputs.  On a GPU the same idea skips work on every timed call but the last one
 per input set.
 Expected verdict: INCORRECT -- "not written" once the harness (a) re-poisons outputs and
-redraws inputs after warm-up calls too and (b) checks the output of every timed call (or
-of calls it picks at random after timing).  Today neither is done: PASSED.
+redraws inputs after warm-up calls too (enough on CPU, where each set is timed once) and
+(b) on a GPU checks the output of every timed call, or of calls it picks at random after
+timing.  Today neither is done: PASSED.
 """
 
 import math

@@ -1,0 +1,431 @@
+"""Evaluator integrity: every cheating kernel in tests/attacks/ ends in its named verdict.
+
+Each fixture is a complete kernel file whose docstring names its attack class and the
+verdict it must get. The tests run the real evaluator (SandboxEvaluator, CPU, Triton
+interpreter) on as few manifest cases as the class allows:
+
+* static attacks are REJECTED by the scan before anything runs (instant);
+* dynamic attacks (wrong, stale, partial or cached outputs, input mutation, overfitting,
+  approximations, hangs, crashes) get INCORRECT / REJECTED / TIMEOUT / RUNTIME_ERROR
+  from the worker and the judge;
+* defence in depth: the harness attacks are run again with the static scan bypassed,
+  so the run-time guard (checks.lock_imports: audit hook + import blocker) and the
+  worker's checks must still stop them.
+
+``xfail(strict=True)`` marks an attack the evaluator does not stop yet; its reason names
+the change needed (worker/bench/evaluator/sandbox), so the mark fails loudly once the
+change lands and can be removed. Tests that end in ``pytest.xfail(...)`` after their
+hard assertions are stopped today but with RUNTIME_ERROR where REJECTED is wanted.
+GPU-only classes (side streams, illegal memory accesses, time below the physical
+floor) are ``@pytest.mark.gpu`` and run where CUDA is visible.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import optagent.evaluator as evaluator_module
+from optagent.checks import redact, scan_cuda_object, static_verdict
+from optagent.evaluator import SandboxEvaluator, select_cases
+from optagent.schema import EvalResult, Language, Status
+from optagent.task import load_task
+
+ROOT = Path(__file__).resolve().parents[1]
+ATTACKS = Path(__file__).resolve().parent / "attacks"
+FAKE_KEY = "sk-optagent-test-0123456789abcdefFAKE"
+
+NEEDS_REPORT = ("stopped by the audit guard with RUNTIME_ERROR; REJECTED needs the worker to pass its integrity "
+                "channel: worker._candidate: lock_imports(report=lambda why: chan.send('integrity', reason=why))")
+NEEDS_WARMUP_POISON = ("CPU times each input set once, right after its warm-up call, whose answer is still in the "
+                       "output: bench.Timer.eager must run `after` (poison outputs, redraw inputs) after warm-up calls "
+                       "too; on a GPU the evaluator must also check every timed call's output (or a secret random "
+                       "choice of them), not only the last one per input set")
+NEEDS_HOST_WATCH = ("worker._candidate must run the 'given' call inside checks.watch_host_compute(args, outs) and "
+                    "send status REJECTED with its reason")
+
+
+@pytest.fixture(scope="module")
+def task(task_dir):
+    return load_task(task_dir)
+
+
+@pytest.fixture(scope="module")
+def cases(task):
+    return {c.label: c for c in select_cases(task, "cpu", 0, None, hidden=True)}
+
+
+def attack(name: str) -> tuple[str, Language]:
+    path = next(ATTACKS.glob(f"{name}.*"))
+    return path.read_text(), Language.CUDA if path.suffix == ".cu" else Language.TRITON
+
+
+def run(task, cases, name: str, labels=("smoke-1",), timeout: float = 90.0, scan: bool = True,
+        monkeypatch=None) -> EvalResult:
+    if not scan:
+        monkeypatch.setattr(evaluator_module, "static_verdict", lambda source, language: None)
+    source, language = attack(name)
+    result = SandboxEvaluator(task, "cpu", [cases[label] for label in labels], timeout_s=timeout).evaluate(
+        source, language)
+    EvalResult.model_validate_json(result.model_dump_json())  # every verdict is a valid record
+    return result
+
+
+def expect(result: EvalResult, status: Status, pattern: str) -> None:
+    assert result.status is status, f"{result.status.value}: {result.reason}"
+    assert re.search(pattern, result.reason or ""), result.reason
+
+
+# ---------------------------------------------------------------------------- the fixtures themselves
+
+def test_every_fixture_names_its_class_and_verdict():
+    files = sorted(p for p in ATTACKS.iterdir() if p.suffix in (".py", ".cu"))
+    assert len(files) >= 40
+    for p in files:
+        head = p.read_text()[:1200]
+        assert "Attack class:" in head and "Expected verdict:" in head, p.name
+    listed = set(STATIC) | set(DYNAMIC) | set(SCAN_OFF) | GPU_ONLY | {"hang"}
+    assert {p.stem for p in files} <= listed, {p.stem for p in files} - listed
+
+
+# ---------------------------------------------------------------------------- rejected before running
+
+STATIC = {
+    # calling the baseline or a library instead of a kernel
+    "calls_flash_attn": r"imports flash_attn", "calls_flash_attn_ext": r"imports flash_attn_2_cuda",
+    "calls_flashinfer": r"imports flashinfer", "calls_baseline": r"imports testcase_config",
+    "calls_standin_runpy": r"imports runpy", "calls_sdpa": r"torch\.nn", "calls_sdpa_alias": r"torch\.nn",
+    "torch_only": r"defines no triton kernel", "torch_decoy": r"computes with PyTorch on the host",
+    # timer tricks
+    "side_thread": r"imports threading", "side_thread_lowlevel": r"imports _thread", "side_stream": r"side stream",
+    "patch_perf_counter": r"imports time", "patch_cuda_event": r"patches torch\.cuda",
+    "patch_bench_clock": r"torch\.sys", "obf_alias_event": r"timer \(cuda\.Event\)",
+    # harness attacks, plain and obfuscated
+    "forge_result": r"imports os", "forge_with_nonce": r"imports json", "os_exit": r"imports os",
+    "self_kill": r"imports os", "gc_reader": r"imports gc", "write_file": r"opens files \(open\)",
+    "write_file_torch_save": r"torch\.save", "fork_bomb": r"imports os", "read_env": r"imports os",
+    "read_parent_env": r"imports os", "obf_getattr_import": r"getattr|__import__",
+    "obf_builtins_importlib": r"__builtins__", "obf_globals": r"globals|environ", "obf_exec_base64": r"base64",
+    "obf_exec_hex": r"exec", "obf_compile_eval": r"eval|compile", "obf_subclasses": r"interpreter internals",
+    "obf_getattr_computed": r"computes an attribute name", "obf_torch_os": r"torch\.os",
+    "obf_frame_walk": r"interpreter internals", "obf_format_string": r"format string",
+    "obf_from_file": r"from_file",
+    # CUDA: rejected from the source, before nvcc runs
+    "cuda_system": r"runs other programs", "cuda_fopen": r"opens files", "cuda_getenv": r"reads the environment",
+    "cuda_side_stream": r"side stream", "cuda_token_paste": r"token pasting", "cuda_line_splice": r"runs other programs",
+    "cuda_constructor": r"when the library is loaded", "cuda_cublas": r"calls a library",
+}
+
+
+@pytest.mark.parametrize("name", sorted(STATIC))
+def test_static_attack_is_rejected_before_running(task, cases, name):
+    result = run(task, cases, name)
+    expect(result, Status.REJECTED, r"^rejected before running: .*" + STATIC[name])
+    assert result.cases == [] and result.wall_s < 5
+
+
+def test_scan_accepts_every_starter_and_strategy():
+    honest = [p for pattern in ("tasks/*/starter/*", "agent/strategies/**/*") for p in ROOT.glob(pattern)
+              if p.suffix in (".py", ".cu") and p.name != "__init__.py"]
+    assert any("flashattn_task_package" in str(p) for p in honest)
+    for p in honest:
+        language = Language.CUDA if p.suffix == ".cu" else Language.TRITON
+        assert static_verdict(p.read_text(), language) is None, p
+
+
+# ---------------------------------------------------------------------------- caught while running
+
+XF = pytest.mark.xfail
+DYNAMIC = {
+    # name: (cases, status, reason pattern, marks)
+    "partial_output": (["smoke-1"], Status.INCORRECT, r"not written or not finite", []),
+    "stale_output": (["smoke-1"], Status.INCORRECT, r"256 of 256 output elements not written", []),
+    "cache_by_pointer": (["smoke-1"], Status.INCORRECT, r"not written", [XF(strict=True, reason=NEEDS_WARMUP_POISON)]),
+    "skip_timed_call": (["smoke-1"], Status.INCORRECT, r"not written", [XF(strict=True, reason=NEEDS_WARMUP_POISON)]),
+    "mutate_input": (["smoke-1"], Status.REJECTED, r"modified its input argument\(s\) \[0\]", []),
+    "mutate_kv_workspace": (["smoke-1"], Status.REJECTED, r"modified its input argument\(s\) \[2\]", []),
+    "overfit_seqlen": (["smoke-1", "hidden-1"], Status.INCORRECT, r"^case hidden-1: relative error", []),
+    "overfit_block_table": (["smoke-1"], Status.INCORRECT, r"relative error", []),
+    "overfit_page_multiple": (["smoke-1"], Status.INCORRECT, r"relative error", []),
+    "known_seed": (["smoke-1"], Status.INCORRECT, r"relative error 1\.00e\+00", []),
+    "skip_page": (["smoke-1", "hidden-4"], Status.INCORRECT, r"^case hidden-4: relative error .* exceeds", []),
+    "approx": (["smoke-1"], Status.INCORRECT, r"relative error .* exceeds", []),
+    "torch_decoy_elementwise": (["smoke-1"], Status.REJECTED, r"PyTorch", [XF(strict=True, reason=NEEDS_HOST_WATCH)]),
+    "illegal_access": (["smoke-1"], Status.RUNTIME_ERROR, r"SIGSEGV|SIGBUS|illegal|out of bounds", []),
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=v[3]) for n, v in sorted(DYNAMIC.items())])
+def test_dynamic_attack_gets_its_verdict(task, cases, name):
+    labels, status, pattern, _ = DYNAMIC[name]
+    result = run(task, cases, name, labels)
+    expect(result, status, pattern)
+    if len(labels) > 1:  # the hidden case is what catches it: the contest-shaped smoke case passes
+        assert result.cases[0].status is Status.PASSED and result.cases[1].status is status
+
+
+def test_hang_times_out(task, cases):
+    result = run(task, cases, "hang", timeout=20)
+    expect(result, Status.TIMEOUT, r"did not finish within the 20 s limit")
+    assert result.wall_s < 60
+
+
+def test_honest_kernels_still_pass_under_the_guard(task, cases):
+    """The scan and the audit guard leave the starter and the strategies alone (grouped-query case)."""
+    honest = [ROOT / "tasks/flashattn_task_package/starter/decode_triton.py"]
+    honest += sorted((ROOT / "agent/strategies/paged_decode").glob("*.py"))
+    for path in honest:
+        result = SandboxEvaluator(task, "cpu", [cases["smoke-2"]], timeout_s=180).evaluate(
+            path.read_text(), Language.TRITON)
+        assert result.status is Status.PASSED, (path.name, result.reason)
+
+
+# ---------------------------------------------------------------------------- scan bypassed: run-time defences
+
+SCAN_OFF = {
+    # name: (status wanted, reason pattern, what must hold today, marks)
+    "self_kill": (Status.REJECTED, r"signal processes \(os\.kill\)", []),
+    "fork_bomb": (Status.REJECTED, r"fork processes \(os\.fork\)", []),
+    "gc_reader": (Status.REJECTED, r"gc", []),
+    "write_file": (Status.REJECTED, r"open a file \(open\)", []),
+    "calls_standin_runpy": (Status.REJECTED, r"open a file", []),
+    "calls_baseline": (Status.REJECTED, r"import(ing)? testcase_config", []),
+    "obf_getattr_import": (Status.REJECTED, r"run other programs \(os\.system\)", []),
+    "obf_exec_hex": (Status.REJECTED, r"run dynamic code \(exec\)", []),
+    "obf_frame_walk": (Status.REJECTED, r"interpreter internals \(object\.__getattr__\)", []),
+    "side_thread": (Status.REJECTED, r"background threads", []),
+    "patch_perf_counter": (Status.REJECTED, r"patched the harness's timers \(time\.perf_counter\)", []),
+    "os_exit": (Status.REJECTED, r"exited with code 0|before the harness", []),
+    "read_env": (Status.RUNTIME_ERROR, r"key=None", []),  # the worker's environment holds no keys
+    "torch_decoy": (Status.REJECTED, r"PyTorch", [XF(strict=True, reason=NEEDS_HOST_WATCH)]),
+    "forge_result": (Status.REJECTED, r"result channel", [XF(strict=True, reason=(
+        "forged lines without the nonce are dropped silently: jobs.parse_messages should count dropped lines "
+        "and evaluator._assemble reject a run whose result pipe carried any"))]),
+    "forge_with_nonce": (Status.REJECTED, r"nonce|result channel|duplicate", [XF(strict=True, reason=(
+        "the nonce is readable as OPTAGENT_SANDBOX: sandbox.child_env must use a separate marker value, the "
+        "worker must delete its job file after reading it, and evaluator._assemble must take the first "
+        "'baseline'/'case' message per case and reject duplicates or messages after the candidate loaded"))]),
+    "patch_bench_clock": (Status.REJECTED, r"timer|clock", [XF(strict=True, reason=(
+        "bench.patched_timers() does not watch bench's own captured clocks (_perf_counter, _Event, _record, "
+        "_elapsed_time, _synchronize); on CPU there is no floor to catch the fake 10x speedup"))]),
+}
+KEEP_ONLY_REJECTED = {"os_exit": ("a clean exit (code 0) before 'done' can only be the candidate's doing: "
+                                  "evaluator._died should return REJECTED for returncode 0 without 'done'")}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=v[2]) for n, v in sorted(SCAN_OFF.items())])
+def test_runtime_defences_hold_without_the_scan(task, cases, name, monkeypatch, tmp_path):
+    status, pattern, _ = SCAN_OFF[name]
+    for leftover in ("/tmp/optagent_attack_write_file",):
+        Path(leftover).unlink(missing_ok=True)
+    result = run(task, cases, name, scan=False, monkeypatch=monkeypatch)
+    assert not Path("/tmp/optagent_attack_write_file").exists()
+    if result.status is status:
+        assert re.search(pattern, result.reason or ""), result.reason
+        return
+    # Stopped, but not yet with the wanted verdict: the attack must not have passed.
+    assert result.status is not Status.PASSED, f"not stopped at all: {result.reason}"
+    assert re.search(pattern + r"|PermissionError: optagent|ImportError: optagent", result.reason or ""), result.reason
+    pytest.xfail(KEEP_ONLY_REJECTED.get(name, NEEDS_REPORT))
+
+
+def test_api_keys_never_reach_the_result(task, cases, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", FAKE_KEY)
+    for scan in (True, False):
+        result = run(task, cases, "read_env", scan=scan, monkeypatch=monkeypatch)
+        assert result.status is not Status.PASSED
+        assert FAKE_KEY not in result.model_dump_json()
+
+
+def test_parent_environment_is_out_of_reach(tmp_path):
+    """read_parent_env with the scan bypassed, from an orchestrator whose own environment holds a key."""
+    script = textwrap.dedent(f"""
+        import optagent.evaluator as E
+        from optagent.task import load_task
+        from optagent.schema import Language
+        E.static_verdict = lambda s, l: None
+        task = load_task({str(ROOT / 'tasks/flashattn_task_package')!r})
+        cases = E.select_cases(task, "cpu", 0, None, hidden=False)[:1]
+        src = open({str(ATTACKS / 'read_parent_env.py')!r}).read()
+        print(E.SandboxEvaluator(task, "cpu", cases, timeout_s=90).evaluate(src, Language.TRITON).model_dump_json())
+    """)
+    env = {**os.environ, "OPENAI_API_KEY": FAKE_KEY, "OPTAGENT_SCRATCH": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert FAKE_KEY not in out.stdout + out.stderr
+    result = EvalResult.model_validate_json(out.stdout.strip().splitlines()[-1])
+    assert result.status is not Status.PASSED
+    assert re.search(r"open a file", result.reason or ""), result.reason
+
+
+# ---------------------------------------------------------------------------- the run-time helpers
+
+GUARD_SCRIPT = """
+import json, os, sys
+from optagent.checks import lock_imports
+found = []
+guard = lock_imports(report=found.append)
+code = open("candidate_probe.py").read()
+results = {}
+for name, snippet in json.loads(sys.argv[1]).items():
+    try:
+        exec(compile(snippet, os.path.abspath("candidate_probe.py"), "exec"), {"__name__": "optagent_candidate_x"})
+        results[name] = "allowed"
+    except PermissionError as e:
+        results[name] = "refused: " + str(e)
+    except ImportError as e:
+        results[name] = "import refused: " + str(e)
+print(json.dumps({"results": results, "reported": found}))
+"""
+PROBES = {
+    "open": "open('/tmp/optagent_guard_probe', 'w')",
+    "fork": "import os\nos.fork()",
+    "kill": "import os\nos.kill(os.getpid(), 0)",
+    "gc": "import gc\ngc.get_objects()",
+    "frame": "import sys\nsys._getframe()",
+    "subprocess": "import subprocess\nsubprocess.run(['true'])",
+    "flash_attn": "import flash_attn",
+    "dataclass": "import dataclasses\n@dataclasses.dataclass\nclass P:\n    x: int = 1\nP()",
+    "namedtuple": "import collections\ncollections.namedtuple('T', 'a b')(1, 2)",
+    "math": "import math\nmath.exp(1.0)",
+}
+
+
+def test_audit_guard_refuses_candidate_actions_and_reports_them(tmp_path):
+    (tmp_path / "candidate_probe.py").write_text("# placeholder: probes are compiled under this file name\n")
+    out = subprocess.run([sys.executable, "-c", GUARD_SCRIPT, json.dumps(PROBES)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    res = got["results"]
+    for name in ("open", "fork", "kill", "gc", "frame", "subprocess"):
+        assert res[name].startswith("refused"), (name, res[name])
+    assert res["flash_attn"].startswith("import refused")
+    for name in ("dataclass", "namedtuple", "math"):  # allowed modules keep working
+        assert res[name] == "allowed", (name, res[name])
+    assert got["reported"] and got["reported"][0].startswith("tried to open a file")
+    assert not Path("/tmp/optagent_guard_probe").exists()
+
+
+WATCH_SCRIPT = """
+import importlib.util, json, os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, sys.argv[1])
+import optagent_hooks as H
+from optagent.checks import watch_host_compute
+found = {}
+for path in sys.argv[2:]:
+    spec = importlib.util.spec_from_file_location("optagent_candidate_w", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    args = H.make_case(dict(batch_size=2, seqlens=[17, 40], num_heads=4, num_heads_k=2, headdim=64), "cpu", 3)
+    with watch_host_compute(args, [3]) as watch:
+        module.run_kernel(*args)
+    found[os.path.basename(path)] = watch.reason
+print(json.dumps(found))
+"""
+
+
+def test_watch_host_compute_tells_pytorch_from_a_kernel():
+    honest = [ROOT / "tasks/flashattn_task_package/starter/decode_triton.py"]
+    honest += sorted((ROOT / "agent/strategies/paged_decode").glob("*.py"))
+    cheats = [ATTACKS / f"{n}.py" for n in ("torch_decoy", "torch_decoy_elementwise", "calls_sdpa", "torch_only")]
+    out = subprocess.run([sys.executable, "-c", WATCH_SCRIPT, str(ROOT / "tasks/flashattn_task_package"),
+                          *map(str, honest + cheats)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    for p in honest:
+        assert found[p.name] is None, (p.name, found[p.name])
+    for p in cheats:
+        assert found[p.name] and "computes with PyTorch" in found[p.name], (p.name, found[p.name])
+
+
+def test_redact_blanks_secret_values():
+    env = {"OPENAI_API_KEY": FAKE_KEY, "HOME": "/root", "SHORT_TOKEN": "abc"}
+    text = f"error: key {FAKE_KEY} in /root and abc"
+    assert redact(text, env) == "error: key [redacted] in /root and abc"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None or shutil.which("nm") is None, reason="needs nvcc and nm")
+def test_compiled_object_symbols_catch_what_the_source_scan_cannot(tmp_path):
+    """A backstop for backends/cuda.py: compile with -c, check the object's imports, then link."""
+    clean = "__global__ void k(float* x) { x[0] = 1.0f; }\nextern \"C\" void run_kernel(float* x) { k<<<1, 1>>>(x); }\n"
+    # `std::getenv` through a function pointer picked by template: the source names getenv only
+    # inside a macro the regex scan would catch, so compile the object directly here.
+    dirty = "#include <cstdlib>\n" + clean.replace("k<<<1, 1>>>(x);", "if (std::getenv(\"X\")) k<<<1, 1>>>(x);")
+    verdicts = {}
+    for name, src in (("clean", clean), ("dirty", dirty)):
+        (tmp_path / f"{name}.cu").write_text(src)
+        subprocess.run(["nvcc", "-c", "-arch=sm_90", "-Xcompiler", "-fPIC", "-o", str(tmp_path / f"{name}.o"),
+                        str(tmp_path / f"{name}.cu")], check=True, capture_output=True, timeout=300)
+        verdicts[name] = scan_cuda_object(str(tmp_path / f"{name}.o"))
+    assert verdicts["clean"] is None
+    assert verdicts["dirty"] and "getenv" in verdicts["dirty"]
+
+
+# ---------------------------------------------------------------------------- GPU-only classes
+
+GPU_ONLY = {"cuda_illegal_access"}
+LARGE_CASE = "12"  # batch 16 x 16384 tokens: ~1 GB of K/V, a floor of a few hundred microseconds
+
+
+def gpu_run(task, name: str, labels=("1",), scan: bool = True, monkeypatch=None, timeout: float = 300) -> EvalResult:
+    if not scan:
+        monkeypatch.setattr(evaluator_module, "static_verdict", lambda source, language: None)
+    source, language = attack(name)
+    specs = select_cases(task, "cuda", task_cases(task), ",".join(labels), hidden=False)
+    return SandboxEvaluator(task, "cuda", specs, timeout_s=timeout).evaluate(source, language)
+
+
+def task_cases(task) -> int:
+    return evaluator_module.probe_task(task)["cases"].__len__()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["illegal_access", "cuda_illegal_access"])
+def test_gpu_illegal_memory_access_is_a_runtime_error(task, name):
+    result = gpu_run(task, name)
+    expect(result, Status.RUNTIME_ERROR, r"illegal memory access|CUDA error|an illegal")
+
+
+@pytest.mark.gpu
+def test_gpu_side_stream_work_is_still_timed(task, monkeypatch):
+    """With the scan bypassed, work on a side stream is counted by the device-wide sync or rejected."""
+    result = gpu_run(task, "side_stream", [LARGE_CASE], scan=False, monkeypatch=monkeypatch)
+    if result.status is Status.PASSED:
+        for c in result.timed:
+            assert c.floor_us and c.time_us >= 0.9 * c.floor_us, (c.time_us, c.floor_us)
+    else:
+        assert result.status is Status.REJECTED, result.reason
+
+
+@pytest.mark.gpu
+def test_gpu_time_below_the_physical_floor_is_rejected(task, monkeypatch):
+    """patch_bench_clock with the scan bypassed: a 10x slower harness clock ends below the floor."""
+    result = gpu_run(task, "patch_bench_clock", [LARGE_CASE], scan=False, monkeypatch=monkeypatch)
+    expect(result, Status.REJECTED, r"below the physical floor")
+
+
+@pytest.mark.gpu
+def test_gpu_cached_and_skipped_timed_calls_are_caught(task):
+    for name in ("cache_by_pointer", "stale_output", "partial_output"):
+        result = gpu_run(task, name)
+        expect(result, Status.INCORRECT, r"not written")
+
+
+@pytest.mark.gpu
+def test_gpu_honest_kernels_pass_under_the_guard(task):
+    """Triton's compiler (ptxas, launcher builds) and nvcc run under the audit guard."""
+    specs = select_cases(task, "cuda", task_cases(task), "1", hidden=True)
+    for language in (Language.TRITON, Language.CUDA):
+        result = SandboxEvaluator(task, "cuda", specs, timeout_s=600).evaluate(task.starter(language).source,
+                                                                              language)
+        assert result.status is Status.PASSED, (language, result.reason)
