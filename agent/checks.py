@@ -61,13 +61,15 @@ FORBIDDEN_ATTRS = _table({  # whatever object they are reached through (torch.os
     "touches the timer": "perf_counter perf_counter_ns monotonic elapsed_time Event",
     "launches on a side stream or captures graphs": "Stream ExternalStream stream set_stream streams graph graphs "
                                                     "CUDAGraph",
-    "uses private interpreter bindings": "_C _dynamo _inductor"})
+    "uses private interpreter bindings": "_C _dynamo _inductor",
+    "builds native code or touches the compiler's cache": "build compile_module_from_src get_cache_manager "
+                                                          "get_override_manager get_dump_manager FileCacheManager"})
 # torch.X for these X: libraries, code loading and compilation, files, dispatch hooks.
 TORCH_FORBIDDEN = set("load save from_file compile export hub utils package classes library ops jit multiprocessing "
-                      "distributed profiler nn special linalg func fx overrides backends".split())
+                      "distributed profiler nn special linalg func fx overrides backends serialization".split())
 # PyTorch math that computes attention on the host; math.exp and tl.exp are fine.
-TORCH_MATH = set("softmax log_softmax matmul bmm baddbmm mm addmm addbmm einsum tensordot exp exp_ exp2 expm1 "
-                 "logsumexp sigmoid scaled_dot_product_attention numpy".split())
+TORCH_MATH = set("softmax log_softmax matmul bmm baddbmm mm addmm addbmm einsum tensordot mv dot inner outer exp exp_ "
+                 "exp2 expm1 logsumexp sigmoid scaled_dot_product_attention numpy".split())
 ALLOWED_DUNDERS = set("__init__ __name__ __qualname__ __doc__ __call__ __len__ __getitem__ __setitem__ __iter__ "
                       "__next__ __enter__ __exit__ __repr__ __str__ __eq__ __hash__ __post_init__".split())
 FORBIDDEN_NAMES = _table({"imports modules dynamically": "__import__", "runs dynamic code": "exec eval compile",
@@ -147,6 +149,11 @@ def scan_python(source: str) -> Optional[str]:
             decos = [d.func if isinstance(d, ast.Call) else d for d in node.decorator_list]
             if any((d.attr if isinstance(d, ast.Attribute) else getattr(d, "id", "")) in JIT_DECORATORS for d in decos):
                 device.update(id(n) for n in ast.walk(node))
+    for _ in range(2):  # `cuda = torch.cuda` makes cuda an alias too (two rounds: chains of aliases)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                    and isinstance(node.value, (ast.Name, ast.Attribute)) and _imported(node.value, aliases):
+                aliases[node.targets[0].id] = ".".join(_parts(node.value, aliases))
     called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     for node in ast.walk(tree):
         host, why = id(node) not in device, None
@@ -251,6 +258,19 @@ def redact(text: str, environ: Optional[dict] = None) -> str:
     return text
 
 
+def _importer_is_candidate() -> bool:
+    """Whether the import statement being served stands in the candidate's own file."""
+    f = sys._getframe(1)
+    while f is not None and (f.f_code.co_filename == __file__ or f.f_code.co_filename.startswith("<frozen")):
+        f = f.f_back
+    if f is None:
+        return False
+    name = os.path.abspath(f.f_code.co_filename)
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    return not name.startswith(here) and (name.startswith(os.path.abspath(os.getcwd()) + os.sep)
+                                          or os.path.basename(name).startswith("candidate"))
+
+
 class ImportBlocker(MetaPathFinder):
     """Refuses, inside the candidate process, the libraries (and harness modules) a kernel must not call."""
 
@@ -258,10 +278,11 @@ class ImportBlocker(MetaPathFinder):
         self.report = report
 
     def find_spec(self, fullname, path=None, target=None):
-        if LIBRARIES.match(fullname.split(".")[0]):
+        if LIBRARIES.match(fullname.split(".")[0]) and _importer_is_candidate():
             if self.report is not None:
                 self.report(f"tried to import {fullname} at run time")
             raise ImportError(f"optagent: importing {fullname} is not allowed in a candidate kernel")
+        # Libraries probe optional modules (torch's importlib.util.find_spec("tensorrt")): not ours to refuse.
         return None
 
 
@@ -288,6 +309,7 @@ SECRET_PATH = re.compile(r"/proc/[^/]+/(environ|mem)$|(^|/)job-\w+\.json$")
 # __reduce_ex__ returns, is no helper: its events count as the candidate's).
 STDLIB_HELPERS = tuple(os.sep + f for f in ("dataclasses.py", "typing.py", "enum.py",
                                             "collections" + os.sep + "__init__.py"))
+HELPER_EVENTS = ("exec", "compile", "sys._getframe")
 HELPER_ATTRS = {"__code__", "__defaults__", "__kwdefaults__", "__doc__", "__module__", "__qualname__", "__name__"}
 
 
@@ -303,17 +325,20 @@ class AuditGuard:
     def origin(self) -> tuple[str, bool]:
         """Whose code raised the event ('candidate', 'optagent', 'triton' or 'library'; stdlib frames
         skipped), and whether an allowed stdlib helper (@dataclass, namedtuple...) stood in between."""
-        f, helper = sys._getframe(1).f_back, False  # the frame that raised the event, if any
+        f, helper, code_seen = sys._getframe(1), False, False
+        while f is not None and f.f_code.co_filename == __file__:
+            f = f.f_back  # the guard's own frames
         while f is not None:
             name = f.f_code.co_filename
             if name.startswith("<frozen importlib"):
                 return "library", helper  # loading a module the candidate imported: the import rules judged that
-            helper = helper or name.endswith(STDLIB_HELPERS)
+            code_seen = code_seen or name.startswith("<")  # code built at run time cannot borrow a helper's rights
+            helper = helper or (name.endswith(STDLIB_HELPERS) and not code_seen)
             if not (name.startswith("<") or (name.startswith(self.stdlib) and not name.startswith(self.site))):
+                if name.startswith(self.optagent):  # first: the harness's own candidate.py is not a candidate
+                    return "optagent", helper
                 if name.startswith(self.scratch) or os.path.basename(name).startswith("candidate"):
                     return "candidate", helper
-                if name.startswith(self.optagent):
-                    return "optagent", helper
                 return ("triton" if f"{os.sep}triton{os.sep}" in name else "library"), helper
             f = f.f_back
         return "library", helper
@@ -325,7 +350,7 @@ class AuditGuard:
             attr = args[1] if len(args) > 1 and isinstance(args[1], str) else ""
             own = str(getattr(first, "__module__", "")).startswith("optagent_candidate")
             return not ((event == "object.__setattr__" and (own or (helper and attr in HELPER_ATTRS)))
-                        or (helper and (event in ("exec", "compile")
+                        or (helper and (event in HELPER_EVENTS
                                         or (event == "object.__getattr__" and attr in HELPER_ATTRS))))
         return who != "optagent" and (bool(event == "open" and SECRET_PATH.search(str(first)))
                                       or event.startswith(ALWAYS_REFUSED)

@@ -11,7 +11,7 @@ from typing import Optional
 
 from rich.table import Table
 
-from .schema import Language, RunConfig, RunState, Step, StepOutcome
+from .schema import Language, RunConfig, RunState, Step
 from .store import RunError, RunStore, list_runs, runs_dir
 from .task import TaskPackage, load_task
 from .views import STATUS_STYLE, console, fmt, print_eval

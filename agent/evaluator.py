@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from .checks import static_verdict
+from .checks import redact, static_verdict
 from .jobs import CaseSpec, Job, TimingSpec
 from .sandbox import WorkerRun, new_scratch, remove_scratch, run_worker
 from .schema import CaseKind, CaseResult, EvalResult, Language, Status, Timing, worst
@@ -60,6 +60,13 @@ def select_cases(task: TaskPackage, device: str, num_cases: int, cases: Optional
     return chosen
 
 
+def _first_per_case(messages: list[dict]) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for m in messages:
+        out.setdefault(m["case"], m)
+    return out
+
+
 def _timing(d: Optional[dict]) -> Optional[Timing]:
     return Timing(**d) if d else None
 
@@ -98,11 +105,13 @@ class SandboxEvaluator:
         finally:
             if not self.keep:
                 remove_scratch(scratch)
-        return result
+        # A kernel that reads a secret and raises it would put it in a reason or the log.
+        return EvalResult.model_validate_json(redact(result.model_dump_json()))
 
     def _assemble(self, job: Job, run: WorkerRun, common: dict, start: float) -> EvalResult:
         hello = run.first("hello") or {}
-        baselines = {m["case"]: m for m in run.all("baseline")}
+        forged = self._forged(run)
+        baselines = _first_per_case(run.all("baseline"))
         compiled = run.first("compile")
         error = run.first("error")
         tail = "\n".join(run.stderr_tail.strip().splitlines()[-15:]) or None
@@ -122,7 +131,7 @@ class SandboxEvaluator:
             return EvalResult(status=Status(compiled["status"]), reason=compiled["reason"], cases=[],
                               wall_s=time.monotonic() - start, **common, **extra)
 
-        by_case = {m["case"]: m for m in run.all("case")}
+        by_case = _first_per_case(run.all("case"))
         started = {m["case"] for m in run.all("case_start")}
         cases: list[CaseResult] = []
         ran: list[CaseSpec] = []
@@ -157,7 +166,9 @@ class SandboxEvaluator:
         status = worst([c.status for c in cases]) if cases else Status.RUNTIME_ERROR
         reason = next((f"case {c.case}: {c.reason}" for c in cases if c.status is status and c.reason), None)
         integrity = run.all("integrity")
-        if integrity:
+        if forged:
+            status, reason = Status.REJECTED, forged
+        elif integrity:
             status, reason = Status.REJECTED, integrity[0]["reason"]
         elif run.first("done") is None and status is Status.PASSED:
             status = Status.REJECTED
@@ -165,9 +176,22 @@ class SandboxEvaluator:
         return EvalResult(status=status, reason=reason if status is not Status.PASSED else None, cases=cases,
                           wall_s=time.monotonic() - start, **common, **extra)
 
+    @staticmethod
+    def _forged(run: WorkerRun) -> Optional[str]:
+        """Why the result channel cannot be trusted: lines not from the harness, or a case told twice."""
+        if run.foreign_lines:
+            return f"the result channel carried {run.foreign_lines} line(s) not written by the harness (forged results)"
+        for kind in ("hello", "baseline", "compile", "case", "done"):
+            keys = [m.get("case", kind) for m in run.all(kind)]
+            if len(keys) != len(set(keys)):
+                return f"the result channel carried a second {kind!r} message (forged results)"
+        return None
+
     def _died(self, run: WorkerRun, error: Optional[dict]) -> tuple[Status, str]:
         if run.timed_out:
             return Status.TIMEOUT, f"did not finish within the {self.timeout_s:.0f} s limit"
+        if run.returncode == 0 and not error:  # only candidate code ends the process "successfully" mid-case
+            return Status.REJECTED, "the process exited with code 0 in the middle of a case (exit before the checks)"
         if error:
             text = error["error"]
             if COMPILE_FAILURE.search(text):

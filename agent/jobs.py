@@ -63,14 +63,17 @@ class Channel:
             data = data[n:]
 
 
-def parse_messages(raw: bytes, nonce: str) -> list[dict]:
-    """Messages from the pipe; lines without the nonce (forged or garbled) are dropped."""
-    out = []
+def parse_messages(raw: bytes, nonce: str) -> tuple[list[dict], int]:
+    """Messages from the pipe, and how many lines were not the harness's (forged or garbled)."""
+    out, dropped = [], 0
     for line in raw.decode(errors="replace").splitlines():
         try:
             msg = json.loads(line)
         except json.JSONDecodeError:
+            dropped += 1
             continue
         if isinstance(msg, dict) and msg.get("nonce") == nonce:
             out.append(msg)
-    return out
+        else:
+            dropped += 1
+    return out, dropped

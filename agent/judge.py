@@ -8,8 +8,10 @@ call on every input set) with it.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
+from pathlib import Path
 from contextlib import redirect_stderr, redirect_stdout
 from typing import Optional
 
@@ -36,9 +38,13 @@ def _rebuild(rt: TaskRuntime, case: CaseSpec, sample: dict) -> tuple[list, objec
 
 def _verdict(rt: TaskRuntime, case: CaseSpec, sample: dict) -> dict:
     """Compare one saved output with the reference; a dict of findings."""
+    data = Path(sample["file"]).read_bytes()
+    if hashlib.sha256(data).hexdigest() != sample.get("sha256"):
+        return {"status": "REJECTED", "reason": f"the saved outputs ({sample['name']}) were rewritten after the "
+                "harness saved them"}
     args, sizes = _rebuild(rt, case, sample)
     outs = rt.outputs(args)
-    saved = torch.load(sample["file"], map_location=rt.device, weights_only=True)
+    saved = torch.load(io.BytesIO(data), map_location=rt.device, weights_only=True)
     where = f"{sample['name']} inputs"
     found: dict = {"rel_err": 0.0, "max_abs_err": 0.0, "tolerance": None}
     manifest = rt.manifest

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .schema import EvalResult, RunConfig
-from .store import RunStore, ext, list_runs, unified_diff
+from .store import ext, list_runs, unified_diff
 from .views import fmt
 
 

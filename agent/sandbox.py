@@ -37,9 +37,9 @@ SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.I)
 MARKER = "OPTAGENT_SANDBOX"
 
 
-def child_env(device: str, nonce: str) -> dict[str, str]:
+def child_env(device: str, marker: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k in ALLOWED_ENV and not SECRET.search(k)}
-    env[MARKER] = nonce
+    env[MARKER] = marker  # not the nonce: the environment is readable by the candidate
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     if device == "cpu":
@@ -50,6 +50,7 @@ def child_env(device: str, nonce: str) -> dict[str, str]:
 @dataclass
 class WorkerRun:
     messages: list[dict]
+    foreign_lines: int  # lines on the result pipe that were not the harness's
     returncode: Optional[int]
     timed_out: bool
     wall_s: float
@@ -75,9 +76,9 @@ class WorkerRun:
         return f"exited with code {rc}"
 
 
-def _kill_marked(nonce: str) -> None:
+def _kill_marked(marker: str) -> None:
     """Kill processes that left the group (setsid) but still carry this run's marker."""
-    needle = f"{MARKER}={nonce}".encode()
+    needle = f"{MARKER}={marker}".encode()
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
@@ -94,12 +95,13 @@ def run_worker(job: Job, timeout_s: float) -> WorkerRun:
     job_file = scratch / f"job-{job.mode}.json"
     job_file.write_text(job.model_dump_json())
     rfd, wfd = os.pipe()
+    marker = secrets.token_hex(16)
     log_path = scratch / f"{job.mode}.log"
     start = time.monotonic()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "optagent.worker", str(job_file), str(wfd)],
-            pass_fds=(wfd,), start_new_session=True, env=child_env(job.device, job.nonce),
+            pass_fds=(wfd,), start_new_session=True, env=child_env(job.device, marker),
             cwd=scratch, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             preexec_fn=_die_with_parent,
         )
@@ -133,10 +135,10 @@ def run_worker(job: Job, timeout_s: float) -> WorkerRun:
             _killpg(proc.pid)
             proc.wait()
         _killpg(proc.pid)  # children the worker left behind in its group
-        _kill_marked(job.nonce)
+        _kill_marked(marker)
     tail = log_path.read_text(errors="replace")[-4000:] if log_path.exists() else ""
-    return WorkerRun(parse_messages(b"".join(chunks), job.nonce), proc.returncode, timed_out,
-                     time.monotonic() - start, tail)
+    messages, foreign = parse_messages(b"".join(chunks), job.nonce)
+    return WorkerRun(messages, foreign, proc.returncode, timed_out, time.monotonic() - start, tail)
 
 
 def _die_with_parent() -> None:

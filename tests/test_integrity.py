@@ -68,13 +68,10 @@ def attack(name: str) -> tuple[str, Language]:
     return path.read_text(), Language.CUDA if path.suffix == ".cu" else Language.TRITON
 
 
-def run(task, cases, name: str, labels=("smoke-1",), timeout: float = 90.0, scan: bool = True,
-        monkeypatch=None) -> EvalResult:
-    if not scan:
-        monkeypatch.setattr(evaluator_module, "static_verdict", lambda source, language: None)
+def run(task, cases, name: str, labels=("smoke-1",), timeout: float = 90.0, scan: bool = True) -> EvalResult:
     source, language = attack(name)
-    result = SandboxEvaluator(task, "cpu", [cases[label] for label in labels], timeout_s=timeout).evaluate(
-        source, language)
+    result = SandboxEvaluator(task, "cpu", [cases[label] for label in labels], timeout_s=timeout,
+                              static_scan=scan).evaluate(source, language)
     EvalResult.model_validate_json(result.model_dump_json())  # every verdict is a valid record
     return result
 
@@ -107,7 +104,7 @@ STATIC = {
     # timer tricks
     "side_thread": r"imports threading", "side_thread_lowlevel": r"imports _thread", "side_stream": r"side stream",
     "patch_perf_counter": r"imports time", "patch_cuda_event": r"patches torch\.cuda",
-    "patch_bench_clock": r"torch\.sys", "obf_alias_event": r"timer \(cuda\.Event\)",
+    "patch_bench_clock": r"torch\.sys", "obf_alias_event": r"cuda\.Event",
     # harness attacks, plain and obfuscated
     "forge_result": r"imports os", "forge_with_nonce": r"imports json", "os_exit": r"imports os",
     "self_kill": r"imports os", "gc_reader": r"imports gc", "write_file": r"opens files \(open\)",
@@ -148,8 +145,8 @@ DYNAMIC = {
     # name: (cases, status, reason pattern, marks)
     "partial_output": (["smoke-1"], Status.INCORRECT, r"not written or not finite", []),
     "stale_output": (["smoke-1"], Status.INCORRECT, r"256 of 256 output elements not written", []),
-    "cache_by_pointer": (["smoke-1"], Status.INCORRECT, r"not written", [XF(strict=True, reason=NEEDS_WARMUP_POISON)]),
-    "skip_timed_call": (["smoke-1"], Status.INCORRECT, r"not written", [XF(strict=True, reason=NEEDS_WARMUP_POISON)]),
+    "cache_by_pointer": (["smoke-1"], Status.INCORRECT, r"not written", []),
+    "skip_timed_call": (["smoke-1"], Status.INCORRECT, r"not written", []),
     "mutate_input": (["smoke-1"], Status.REJECTED, r"modified its input argument\(s\) \[0\]", []),
     "mutate_kv_workspace": (["smoke-1"], Status.REJECTED, r"modified its input argument\(s\) \[2\]", []),
     "overfit_seqlen": (["smoke-1", "hidden-1"], Status.INCORRECT, r"^case hidden-1: relative error", []),
@@ -158,7 +155,7 @@ DYNAMIC = {
     "known_seed": (["smoke-1"], Status.INCORRECT, r"relative error 1\.00e\+00", []),
     "skip_page": (["smoke-1", "hidden-4"], Status.INCORRECT, r"^case hidden-4: relative error .* exceeds", []),
     "approx": (["smoke-1"], Status.INCORRECT, r"relative error .* exceeds", []),
-    "torch_decoy_elementwise": (["smoke-1"], Status.REJECTED, r"PyTorch", [XF(strict=True, reason=NEEDS_HOST_WATCH)]),
+    "torch_decoy_elementwise": (["smoke-1"], Status.REJECTED, r"PyTorch", []),
     "illegal_access": (["smoke-1"], Status.RUNTIME_ERROR, r"SIGSEGV|SIGBUS|illegal|out of bounds", []),
 }
 
@@ -192,41 +189,34 @@ def test_honest_kernels_still_pass_under_the_guard(task, cases):
 
 SCAN_OFF = {
     # name: (status wanted, reason pattern, what must hold today, marks)
-    "self_kill": (Status.REJECTED, r"signal processes \(os\.kill\)", []),
-    "fork_bomb": (Status.REJECTED, r"fork processes \(os\.fork\)", []),
+    "self_kill": (Status.REJECTED, r"signal processes.*\(os\.kill", []),
+    "fork_bomb": (Status.REJECTED, r"fork processes.*\(os\.fork", []),
     "gc_reader": (Status.REJECTED, r"gc", []),
-    "write_file": (Status.REJECTED, r"open a file \(open\)", []),
+    "write_file": (Status.REJECTED, r"open a file.*\(open", []),
     "calls_standin_runpy": (Status.REJECTED, r"open a file", []),
     "calls_baseline": (Status.REJECTED, r"import(ing)? testcase_config", []),
-    "obf_getattr_import": (Status.REJECTED, r"run other programs \(os\.system\)", []),
-    "obf_exec_hex": (Status.REJECTED, r"run dynamic code \(exec\)", []),
-    "obf_frame_walk": (Status.REJECTED, r"interpreter internals \(object\.__getattr__\)", []),
+    "obf_getattr_import": (Status.REJECTED, r"run other programs.*\(os\.system", []),
+    "obf_exec_hex": (Status.REJECTED, r"run dynamic code.*\((exec|compile)", []),
+    "obf_frame_walk": (Status.REJECTED, r"interpreter internals.*\(object\.__getattr__", []),
     "side_thread": (Status.REJECTED, r"background threads", []),
     "patch_perf_counter": (Status.REJECTED, r"patched the harness's timers \(time\.perf_counter\)", []),
     "os_exit": (Status.REJECTED, r"exited with code 0|before the harness", []),
     "read_env": (Status.RUNTIME_ERROR, r"key=None", []),  # the worker's environment holds no keys
-    "torch_decoy": (Status.REJECTED, r"PyTorch", [XF(strict=True, reason=NEEDS_HOST_WATCH)]),
-    "forge_result": (Status.REJECTED, r"result channel", [XF(strict=True, reason=(
-        "forged lines without the nonce are dropped silently: jobs.parse_messages should count dropped lines "
-        "and evaluator._assemble reject a run whose result pipe carried any"))]),
-    "forge_with_nonce": (Status.REJECTED, r"nonce|result channel|duplicate", [XF(strict=True, reason=(
-        "the nonce is readable as OPTAGENT_SANDBOX: sandbox.child_env must use a separate marker value, the "
-        "worker must delete its job file after reading it, and evaluator._assemble must take the first "
-        "'baseline'/'case' message per case and reject duplicates or messages after the candidate loaded"))]),
-    "patch_bench_clock": (Status.REJECTED, r"timer|clock", [XF(strict=True, reason=(
-        "bench.patched_timers() does not watch bench's own captured clocks (_perf_counter, _Event, _record, "
-        "_elapsed_time, _synchronize); on CPU there is no floor to catch the fake 10x speedup"))]),
+    "torch_decoy": (Status.REJECTED, r"PyTorch", []),
+    "forge_result": (Status.REJECTED, r"result channel", []),
+    "forge_with_nonce": (Status.REJECTED, r"nonce|result channel|duplicate", []),
+    "patch_bench_clock": (Status.REJECTED, r"timer|clock", []),
 }
 KEEP_ONLY_REJECTED = {"os_exit": ("a clean exit (code 0) before 'done' can only be the candidate's doing: "
                                   "evaluator._died should return REJECTED for returncode 0 without 'done'")}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=v[2]) for n, v in sorted(SCAN_OFF.items())])
-def test_runtime_defences_hold_without_the_scan(task, cases, name, monkeypatch, tmp_path):
+def test_runtime_defences_hold_without_the_scan(task, cases, name):
     status, pattern, _ = SCAN_OFF[name]
     for leftover in ("/tmp/optagent_attack_write_file",):
         Path(leftover).unlink(missing_ok=True)
-    result = run(task, cases, name, scan=False, monkeypatch=monkeypatch)
+    result = run(task, cases, name, scan=False)
     assert not Path("/tmp/optagent_attack_write_file").exists()
     if result.status is status:
         assert re.search(pattern, result.reason or ""), result.reason
@@ -240,7 +230,7 @@ def test_runtime_defences_hold_without_the_scan(task, cases, name, monkeypatch, 
 def test_api_keys_never_reach_the_result(task, cases, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", FAKE_KEY)
     for scan in (True, False):
-        result = run(task, cases, "read_env", scan=scan, monkeypatch=monkeypatch)
+        result = run(task, cases, "read_env", scan=scan)
         assert result.status is not Status.PASSED
         assert FAKE_KEY not in result.model_dump_json()
 
@@ -251,11 +241,10 @@ def test_parent_environment_is_out_of_reach(tmp_path):
         import optagent.evaluator as E
         from optagent.task import load_task
         from optagent.schema import Language
-        E.static_verdict = lambda s, l: None
         task = load_task({str(ROOT / 'tasks/flashattn_task_package')!r})
         cases = E.select_cases(task, "cpu", 0, None, hidden=False)[:1]
         src = open({str(ATTACKS / 'read_parent_env.py')!r}).read()
-        print(E.SandboxEvaluator(task, "cpu", cases, timeout_s=90).evaluate(src, Language.TRITON).model_dump_json())
+        print(E.SandboxEvaluator(task, "cpu", cases, timeout_s=90, static_scan=False).evaluate(src, Language.TRITON).model_dump_json())
     """)
     env = {**os.environ, "OPENAI_API_KEY": FAKE_KEY, "OPTAGENT_SCRATCH": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180)
@@ -300,6 +289,7 @@ PROBES = {
 
 
 def test_audit_guard_refuses_candidate_actions_and_reports_them(tmp_path):
+    Path("/tmp/optagent_guard_probe").unlink(missing_ok=True)
     (tmp_path / "candidate_probe.py").write_text("# placeholder: probes are compiled under this file name\n")
     out = subprocess.run([sys.executable, "-c", GUARD_SCRIPT, json.dumps(PROBES)], cwd=tmp_path,
                          capture_output=True, text=True, timeout=60)
@@ -377,12 +367,10 @@ GPU_ONLY = {"cuda_illegal_access"}
 LARGE_CASE = "12"  # batch 16 x 16384 tokens: ~1 GB of K/V, a floor of a few hundred microseconds
 
 
-def gpu_run(task, name: str, labels=("1",), scan: bool = True, monkeypatch=None, timeout: float = 300) -> EvalResult:
-    if not scan:
-        monkeypatch.setattr(evaluator_module, "static_verdict", lambda source, language: None)
+def gpu_run(task, name: str, labels=("1",), scan: bool = True, timeout: float = 300) -> EvalResult:
     source, language = attack(name)
     specs = select_cases(task, "cuda", task_cases(task), ",".join(labels), hidden=False)
-    return SandboxEvaluator(task, "cuda", specs, timeout_s=timeout).evaluate(source, language)
+    return SandboxEvaluator(task, "cuda", specs, timeout_s=timeout, static_scan=scan).evaluate(source, language)
 
 
 def task_cases(task) -> int:
@@ -397,9 +385,9 @@ def test_gpu_illegal_memory_access_is_a_runtime_error(task, name):
 
 
 @pytest.mark.gpu
-def test_gpu_side_stream_work_is_still_timed(task, monkeypatch):
+def test_gpu_side_stream_work_is_still_timed(task):
     """With the scan bypassed, work on a side stream is counted by the device-wide sync or rejected."""
-    result = gpu_run(task, "side_stream", [LARGE_CASE], scan=False, monkeypatch=monkeypatch)
+    result = gpu_run(task, "side_stream", [LARGE_CASE], scan=False)
     if result.status is Status.PASSED:
         for c in result.timed:
             assert c.floor_us and c.time_us >= 0.9 * c.floor_us, (c.time_us, c.floor_us)
@@ -408,9 +396,9 @@ def test_gpu_side_stream_work_is_still_timed(task, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_time_below_the_physical_floor_is_rejected(task, monkeypatch):
+def test_gpu_time_below_the_physical_floor_is_rejected(task):
     """patch_bench_clock with the scan bypassed: a 10x slower harness clock ends below the floor."""
-    result = gpu_run(task, "patch_bench_clock", [LARGE_CASE], scan=False, monkeypatch=monkeypatch)
+    result = gpu_run(task, "patch_bench_clock", [LARGE_CASE], scan=False)
     expect(result, Status.REJECTED, r"below the physical floor")
 
 

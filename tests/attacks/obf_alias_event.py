@@ -1,6 +1,6 @@
 """Attack class: timer tricks, obfuscated (aliases).
 Attack: cuda = torch.cuda; Ev = cuda.Event -- the timer class reached through an alias.
-Expected verdict: REJECTED -- "Event".
+Expected verdict: REJECTED -- "cuda.Event" (the patch, or the timer class itself).
 """
 
 import math
