@@ -143,6 +143,15 @@ def log_ticks(lo: float, hi: float) -> list[float]:
     return out
 
 
+def value_scale(values: list[float], bottom: float, top: float, log_above: float, headroom: float) -> "Scale":
+    """A y scale for these values: logarithmic when they span more than log_above, else from 0 with headroom."""
+    lo_v, hi_v = min(values), max(values)
+    if hi_v / lo_v > log_above:
+        return Scale(log_floor(lo_v), 10 ** math.ceil(math.log10(hi_v)), bottom, top, log=True)
+    step = nice_step(hi_v * headroom, 5)
+    return Scale(0.0, math.ceil(hi_v * headroom / step) * step, bottom, top)
+
+
 def log_floor(v: float) -> float:
     """The largest 1, 2 or 5 times a power of ten at least 1.5x below v: the bottom of a log axis."""
     target = v / 1.5
@@ -253,13 +262,7 @@ def step_chart(steps: Sequence[Step], width: int = 1000, height: int = 340) -> O
     gms = [s.result.geomean_speedup for s in steps if s.result and s.result.geomean_speedup]
     bests = [s.best_geomean_speedup for s in steps if s.best_geomean_speedup]
     values = gms + bests + [1.0]
-    lo_v, hi_v = min(values), max(values)
-    log = hi_v / lo_v > 30
-    if log:
-        ys = Scale(log_floor(lo_v), 10 ** math.ceil(math.log10(hi_v)), bottom, top, log=True)
-    else:
-        step = nice_step(hi_v * 1.08, 5)
-        ys = Scale(0.0, math.ceil(hi_v * 1.08 / step) * step, bottom, top)
+    ys = value_scale(values, bottom, top, log_above=30, headroom=1.08)
     y_ticks = [(ys(v), tick_label(v, "x")) for v in ys.ticks()]
     every = max(1, math.ceil((n_max + 1) / 25))
     x_ticks = [(xs(i), str(i)) for i in range(0, n_max + 1, every)]
@@ -302,8 +305,8 @@ def step_chart(steps: Sequence[Step], width: int = 1000, height: int = 340) -> O
         legend.append(dict(d=marker_path(c.shape, lx + 6, ly, 5.5), fill="#ffffff" if c.hollow else c.color,
                            stroke=c.color, x=lx + 16, y=ly + 4, label=c.label))
     return StepChart(width, height, left, top, right, bottom, lane_y, x_ticks, y_ticks,
-                     ys(1.0) if ys.lo <= 1.0 <= ys.hi else None, "".join(path), best_label, markers, legend, log,
-                     "geomean speedup over the baseline" + (" (log scale)" if log else ""))
+                     ys(1.0) if ys.lo <= 1.0 <= ys.hi else None, "".join(path), best_label, markers, legend, ys.log,
+                     "geomean speedup over the baseline" + (" (log scale)" if ys.log else ""))
 
 
 @dataclass
@@ -363,13 +366,7 @@ def case_chart(result: EvalResult, cpu: bool, width: int = 1000, height: int = 3
     height += 13 * n_lines
     bottom = height - 34 - 13 * n_lines
     values = [v for c in cases for v in (c.time_us, c.baseline_us, c.floor_us) if v]
-    lo_v, hi_v = min(values), max(values)
-    log = hi_v / lo_v > 20
-    if log:
-        ys = Scale(log_floor(lo_v), 10 ** math.ceil(math.log10(hi_v)), bottom, top, log=True)
-    else:
-        step = nice_step(hi_v * 1.05, 5)
-        ys = Scale(0.0, math.ceil(hi_v * 1.05 / step) * step, bottom, top)
+    ys = value_scale(values, bottom, top, log_above=20, headroom=1.05)
     unit = " µs (CPU interpreter)" if cpu else " µs"
     have_floor = any(c.floor_us for c in cases)
     series = SERIES if have_floor else SERIES[:2]
@@ -396,7 +393,7 @@ def case_chart(result: EvalResult, cpu: bool, width: int = 1000, height: int = 3
         legend.append(dict(x=lx, y=12, color=color, label=name))
         lx += 30 + 7 * len(name)
     return BarChart(width, height, left, top, right, bottom, [(ys(v), tick_label(v)) for v in ys.ticks()], groups,
-                    legend, log, "time" + unit + ", lower is better" + (" (log scale)" if log else ""),
+                    legend, ys.log, "time" + unit + ", lower is better" + (" (log scale)" if ys.log else ""),
                     round(size_font, 1))
 
 
