@@ -14,7 +14,7 @@ from rich.table import Table
 from .schema import Language, RunConfig, RunState, Step
 from .store import RunError, RunStore, list_runs, runs_dir
 from .task import TaskPackage, load_task
-from .views import STATUS_STYLE, console, fmt, print_eval
+from .views import STATUS_STYLE, console, fmt, print_eval, ratio
 
 
 def _pick_language(task: TaskPackage, device: str, wanted: Optional[str]) -> Language:
@@ -73,7 +73,7 @@ def _progress(con, t0: float):
         gm = r.geomean_speedup if r else None
         elapsed = time.monotonic() - t0
         con.print(f"step {step.index:>3}  [{style}]{status:<13}[/] {step.outcome.value:<10} "
-                  f"{fmt(gm, '.2f', 'x'):>7}  best {fmt(state.best_geomean_speedup, '.2f', 'x'):>7}  "
+                  f"{ratio(gm):>8}  best {ratio(state.best_geomean_speedup):>8}  "
                   f"tokens {state.usage.prompt_tokens + state.usage.completion_tokens:>7}  "
                   f"${state.usage.cost_usd:.2f}  {elapsed:6.0f}s  {step.idea[:70]}", soft_wrap=True)
         if step.error and not r:
@@ -96,12 +96,15 @@ def _drive(store: RunStore, task: TaskPackage, a, con) -> int:
     try:
         con.print(f"run {store.path.name}: {task.name}, {cfg.language.value} on {cfg.device}, planner "
                   f"{planner.name}{' (' + planner.model + ')' if planner.model else ''}", soft_wrap=True)
+        if cfg.device == "cpu":
+            con.print("CPU mode: Triton's interpreter on the smoke cases; times and speedups show that kernels "
+                      "work and compare them with each other, not how fast they are on a GPU", soft_wrap=True)
         state = Loop(store, task, planner, evaluator, limits, _progress(con, time.monotonic())).run()
     finally:
         store.unlock()
     best = store.best()
     con.print(f"{state.status.value}: {state.steps} steps, best geomean speedup "
-              f"{fmt(state.best_geomean_speedup, '.2f', 'x')} (step {state.best_step})", soft_wrap=True)
+              f"{ratio(state.best_geomean_speedup)} (step {state.best_step})", soft_wrap=True)
     if best:
         con.print(f"best kernel: {store.path / 'best'}")
     if getattr(a, "json", False):

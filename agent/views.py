@@ -26,6 +26,13 @@ def fmt(x: Optional[float], spec: str = ".1f", suffix: str = "") -> str:
     return "-" if x is None else f"{x:{spec}}{suffix}"
 
 
+def ratio(x: Optional[float]) -> str:
+    """A speedup: two decimals, or two significant digits when tiny (CPU-interpreter runs)."""
+    if x is None:
+        return "-"
+    return f"{x:.2f}x" if x >= 0.1 else f"{x:.1e}x"
+
+
 def eval_table(result: EvalResult, title: Optional[str] = None) -> Table:
     unit = "us" if result.device == "cuda" else "us (CPU interp.)"
     t = Table(title=title, title_justify="left")
