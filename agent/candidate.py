@@ -21,7 +21,7 @@ import torch
 
 from . import bench
 from .backends import CompileError, Unsupported, backend_for
-from .checks import lock_imports, watch_host_compute
+from .guard import lock_imports, watch_host_compute
 from .harness import TaskRuntime, float_scales, poison, refresh_floats
 from .jobs import CaseSpec, Channel, Job
 from .schema import CaseKind

@@ -9,13 +9,9 @@ interpreter) on as few manifest cases as the class allows:
   approximations, hangs, crashes) get INCORRECT / REJECTED / TIMEOUT / RUNTIME_ERROR
   from the worker and the judge;
 * defence in depth: the harness attacks are run again with the static scan bypassed,
-  so the run-time guard (checks.lock_imports: audit hook + import blocker) and the
+  so the run-time guard (guard.lock_imports: audit hook + import blocker) and the
   worker's checks must still stop them.
 
-``xfail(strict=True)`` marks an attack the evaluator does not stop yet; its reason names
-the change needed (worker/bench/evaluator/sandbox), so the mark fails loudly once the
-change lands and can be removed. Tests that end in ``pytest.xfail(...)`` after their
-hard assertions are stopped today but with RUNTIME_ERROR where REJECTED is wanted.
 GPU-only classes (side streams, illegal memory accesses, time below the physical
 floor) are ``@pytest.mark.gpu`` and run where CUDA is visible.
 """
@@ -42,16 +38,6 @@ from optagent.task import load_task
 ROOT = Path(__file__).resolve().parents[1]
 ATTACKS = Path(__file__).resolve().parent / "attacks"
 FAKE_KEY = "sk-optagent-test-0123456789abcdefFAKE"
-
-NEEDS_REPORT = ("stopped by the audit guard with RUNTIME_ERROR; REJECTED needs the worker to pass its integrity "
-                "channel: worker._candidate: lock_imports(report=lambda why: chan.send('integrity', reason=why))")
-NEEDS_WARMUP_POISON = ("CPU times each input set once, right after its warm-up call, whose answer is still in the "
-                       "output: bench.Timer.eager must run `after` (poison outputs, redraw inputs) after warm-up calls "
-                       "too; on a GPU the evaluator must also check every timed call's output (or a secret random "
-                       "choice of them), not only the last one per input set")
-NEEDS_HOST_WATCH = ("worker._candidate must run the 'given' call inside checks.watch_host_compute(args, outs) and "
-                    "send status REJECTED with its reason")
-
 
 @pytest.fixture(scope="module")
 def task(task_dir):
@@ -140,7 +126,6 @@ def test_scan_accepts_every_starter_and_strategy():
 
 # ---------------------------------------------------------------------------- caught while running
 
-XF = pytest.mark.xfail
 DYNAMIC = {
     # name: (cases, status, reason pattern, marks)
     "partial_output": (["smoke-1"], Status.INCORRECT, r"not written or not finite", []),
@@ -207,8 +192,6 @@ SCAN_OFF = {
     "forge_with_nonce": (Status.REJECTED, r"nonce|result channel|duplicate", []),
     "patch_bench_clock": (Status.REJECTED, r"timer|clock", []),
 }
-KEEP_ONLY_REJECTED = {"os_exit": ("a clean exit (code 0) before 'done' can only be the candidate's doing: "
-                                  "evaluator._died should return REJECTED for returncode 0 without 'done'")}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=v[2]) for n, v in sorted(SCAN_OFF.items())])
@@ -218,13 +201,8 @@ def test_runtime_defences_hold_without_the_scan(task, cases, name):
         Path(leftover).unlink(missing_ok=True)
     result = run(task, cases, name, scan=False)
     assert not Path("/tmp/optagent_attack_write_file").exists()
-    if result.status is status:
-        assert re.search(pattern, result.reason or ""), result.reason
-        return
-    # Stopped, but not yet with the wanted verdict: the attack must not have passed.
-    assert result.status is not Status.PASSED, f"not stopped at all: {result.reason}"
-    assert re.search(pattern + r"|PermissionError: optagent|ImportError: optagent", result.reason or ""), result.reason
-    pytest.xfail(KEEP_ONLY_REJECTED.get(name, NEEDS_REPORT))
+    assert result.status is status, result.reason
+    assert re.search(pattern, result.reason or ""), result.reason
 
 
 def test_api_keys_never_reach_the_result(task, cases, monkeypatch):
@@ -259,7 +237,7 @@ def test_parent_environment_is_out_of_reach(tmp_path):
 
 GUARD_SCRIPT = """
 import json, os, sys
-from optagent.checks import lock_imports
+from optagent.guard import lock_imports
 found = []
 guard = lock_imports(report=found.append)
 code = open("candidate_probe.py").read()
@@ -310,7 +288,7 @@ import importlib.util, json, os, sys
 os.environ["TRITON_INTERPRET"] = "1"
 sys.path.insert(0, sys.argv[1])
 import optagent_hooks as H
-from optagent.checks import watch_host_compute
+from optagent.guard import watch_host_compute
 found = {}
 for path in sys.argv[2:]:
     spec = importlib.util.spec_from_file_location("optagent_candidate_w", path)

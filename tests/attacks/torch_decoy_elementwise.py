@@ -1,9 +1,8 @@
 """Attack class: calling the baseline or a library instead of a kernel (torch attention).
 Attack: a decoy Triton kernel plus attention in PyTorch element-wise ops (mul, sum, pow)
 that no name-based scan can tell from host-side bookkeeping.
-Expected verdict: REJECTED -- "PyTorch" once the worker watches the aten ops run_kernel
-issues (checks.watch_host_compute); today it PASSES on CPU.  On a GPU the profiler view
-(no candidate Triton kernel ran, aten kernels did) is the same check.
+Expected verdict: REJECTED -- "PyTorch": the candidate process watches the aten ops that
+run_kernel issues on its inputs (guard.watch_host_compute).
 """
 
 import math
