@@ -84,7 +84,7 @@ def cmd_task_show(a) -> int:
 def make_evaluator(task: TaskPackage, a, device: str):
     from .evaluator import SandboxEvaluator, probe_task, select_cases
 
-    n = len(probe_task(task)["cases"]) if (a.cases or device == "cuda") else 0
+    n = len(probe_task(task, cached=True)["cases"]) if (a.cases or device == "cuda") else 0
     try:
         cases = select_cases(task, device, n, a.cases, hidden=not getattr(a, "no_hidden", False))
     except ValueError as e:

@@ -86,7 +86,7 @@ def _drive(store: RunStore, task: TaskPackage, a, con) -> int:
     from .loop import Limits, Loop
 
     cfg = store.config
-    n = len(probe_task(task)["cases"]) if (cfg.cases or cfg.device == "cuda") else 0
+    n = len(probe_task(task, cached=True)["cases"]) if (cfg.cases or cfg.device == "cuda") else 0
     cases = select_cases(task, cfg.device, n, cfg.cases, hidden=cfg.hidden)
     evaluator = SandboxEvaluator(task, cfg.device, cases, timeout_s=cfg.timeout_s,
                                  compiler=shlex.split(cfg.compiler) if cfg.compiler else None)

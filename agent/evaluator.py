@@ -8,8 +8,12 @@ says is a claim that the judge checks against its own references.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import json
+import os
 import re
 import secrets
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -229,8 +233,17 @@ class SandboxEvaluator:
         return out
 
 
-def probe_task(task: TaskPackage, timeout_s: float = 600.0) -> dict:
-    """Import the package's testcase_config in a worker; raise TaskError on failure."""
+def probe_task(task: TaskPackage, timeout_s: float = 600.0, cached: bool = False) -> dict:
+    """Import the package's testcase_config in a worker; raise TaskError on failure.
+
+    With ``cached``, a probe of the same package files, interpreter and flash_attn
+    availability is reused (evaluations only need the case count; validation always probes).
+    """
+    key = hashlib.sha256(f"{task.digest()}|{sys.executable}|{importlib.util.find_spec('flash_attn') is not None}"
+                         .encode()).hexdigest()[:32]
+    cache = Path(os.environ.get("OPTAGENT_CACHE", Path.home() / ".cache" / "optagent")) / "probe" / f"{key}.json"
+    if cached and cache.exists():
+        return json.loads(cache.read_text())
     scratch, nonce = new_scratch()
     try:
         job = Job(mode="probe", task_dir=str(task.root), device="cpu", nonce=nonce, scratch=str(scratch))
@@ -239,6 +252,10 @@ def probe_task(task: TaskPackage, timeout_s: float = 600.0) -> dict:
         remove_scratch(scratch)
     found = run.first("probe")
     if found and run.first("done"):
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(found))
+        os.replace(tmp, cache)
         return found
     err = run.first("error")
     if err:

@@ -4,6 +4,7 @@
 # for repeatability, run the GPU-only integrity tests, and the offline run.
 # Full logs and JSON go under $OUT; a short table is printed last.
 #   bash bench/gpu_check.sh [starters|run|all]   (the seed package is read from .seed/)
+#   env: CROSS=0 skips the cross-package starter runs; RUN_LANG=cuda|triton, RUN_LIMIT=seconds for the run
 set -uo pipefail
 STAGE=${1:-all}
 OUT=${OUT:-/tmp/optagent-out}
@@ -35,11 +36,18 @@ if [ "$STAGE" = starters ] || [ "$STAGE" = all ]; then
   ev ours-cuda "$OURS" "$OURS/starter/decode_cuda.cu"
   ev seed-triton "$SEED" "$SEED/starter/smoke_test-Triton.txt"
   ev seed-cuda "$SEED" "$SEED/starter/smoke_test-CUDAMaca.txt"
+  if [ "${CROSS:-1}" = 1 ]; then  # every starter on both packages
+    ev ours-triton-on-seed "$SEED" "$OURS/starter/decode_triton.py"
+    ev ours-cuda-on-seed "$SEED" "$OURS/starter/decode_cuda.cu"
+    ev seed-triton-on-ours "$OURS" "$SEED/starter/smoke_test-Triton.txt"
+    ev seed-cuda-on-ours "$OURS" "$SEED/starter/smoke_test-CUDAMaca.txt"
+  fi
   python3 -m pytest -q -m gpu tests --ignore=tests/test_llm_planner.py --ignore=tests/test_edits.py > "$OUT/pytest-gpu.log" 2>&1; echo "pytest -m gpu: exit $?"; tail -3 "$OUT/pytest-gpu.log"
 fi
 if [ "$STAGE" = run ] || [ "$STAGE" = all ]; then
   start=$(date +%s)
-  oa run "$OURS" --language triton --time-limit "${RUN_LIMIT:-420}" > "$OUT/run.log" 2>&1; echo "run: exit $?"
+  oa run "$OURS" --language "${RUN_LANG:-triton}" --time-limit "${RUN_LIMIT:-420}" > "$OUT/run.log" 2>&1
+  echo "run: exit $?"
   echo "offline run wall: $(( $(date +%s) - start )) s" | tee -a "$OUT/run.log"
   oa leaderboard --diff > "$OUT/leaderboard.log" 2>&1
   tail -25 "$OUT/run.log"

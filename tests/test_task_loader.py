@@ -120,3 +120,15 @@ def test_dynamic_failures_name_the_config(seed_dir, tmp_path, name):
 def test_not_a_package(tmp_path):
     proc = optagent("task", "validate", str(tmp_path))
     assert proc.returncode == 2 and "xpuoj_problem: missing" in proc.stderr
+
+
+def test_probe_is_cached_for_evaluations_not_for_validation(task_dir, tmp_path, monkeypatch):
+    from optagent.evaluator import probe_task
+
+    monkeypatch.setenv("OPTAGENT_CACHE", str(tmp_path))
+    task = load_task(task_dir)
+    first = probe_task(task, cached=True)
+    assert len(first["cases"]) == 12 and list(tmp_path.glob("probe/*.json"))
+    (next(tmp_path.glob("probe/*.json"))).write_text('{"cases": [], "marker": 1}')
+    assert probe_task(task, cached=True)["cases"] == []  # served from the cache
+    assert len(probe_task(task)["cases"]) == 12  # validation always runs the package's code
