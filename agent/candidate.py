@@ -14,7 +14,6 @@ import hashlib
 import io
 import random
 import sys
-from contextlib import redirect_stdout
 from pathlib import Path
 
 import torch
@@ -22,7 +21,7 @@ import torch
 from . import bench
 from .backends import CompileError, Unsupported, backend_for
 from .guard import lock_imports, watch_host_compute
-from .harness import TaskRuntime, float_scales, poison, refresh_floats
+from .harness import TaskRuntime, float_scales, poison, refresh_floats, run_baseline, same_bits
 from .jobs import CaseSpec, Channel, Job
 from .schema import CaseKind
 
@@ -90,8 +89,7 @@ class Candidate:
         rt, t = self.rt, self.job.timing
 
         def baseline(*args):
-            with redirect_stdout(io.StringIO()):
-                rt.config.baseline(*args)
+            run_baseline(rt.config, list(args))
 
         for case in (c for c in self.job.cases if c.kind is not CaseKind.HIDDEN):
             sets = [rt.make_args(case, self.job.seed + 7919 * k)[0] for k in range(t.input_sets)]
@@ -130,7 +128,7 @@ class Candidate:
             else:
                 fn(*args)
                 self.sync()
-            changed = [i for i, a in pristine.items() if not torch.equal(a.view(torch.uint8), args[i].view(torch.uint8))]
+            changed = [i for i, a in pristine.items() if not same_bits(a, args[i])]
             if changed:
                 self.chan.send("case", case=case.label, status="REJECTED",
                                reason=f"modified its input argument(s) {changed} (inputs must stay read-only)")

@@ -8,6 +8,7 @@ The candidate process and the judge process both build a case's inputs through
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import io
 import math
 import sys
@@ -99,7 +100,7 @@ class TaskRuntime:
         if case.kind is CaseKind.CONTEST:
             sizes, _ = self.case_sizes(int(case.index or 1))
             with redirect_stdout(io.StringIO()):
-                args = list(self.config.genTestCase(sizes, self.device))
+                args = self._generate(sizes)
             if seed is not None:
                 refresh_floats(args, seed, float_scales(args, set(self.outputs(args))))
             return args, sizes
@@ -107,11 +108,23 @@ class TaskRuntime:
         base = 0 if seed is None else seed
         return list(self.hooks.make_case(dict(case.params), self.device, base)), None
 
+    def _generate(self, sizes) -> list:
+        """genTestCase(sizes, device); a genTestCase without a device parameter gets its tensors moved."""
+        gen = self.config.genTestCase
+        try:
+            params = inspect.signature(gen).parameters.values()
+            takes_device = len(params) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
+        except (TypeError, ValueError):
+            takes_device = True
+        if takes_device:
+            return list(gen(sizes, self.device))
+        return [a.to(self.device) if isinstance(a, torch.Tensor) else a for a in gen(sizes)]
+
     def outputs(self, args: list) -> list[int]:
         if self.manifest and self.manifest.outputs is not None:
             return list(self.manifest.outputs)
         if not hasattr(self, "_detected_outputs"):
-            self._detected_outputs = detect_outputs(self.config.baseline, args)
+            self._detected_outputs = detect_outputs(self.config, args)
         return self._detected_outputs
 
     def describe(self, args: list) -> str:
@@ -147,14 +160,31 @@ def clone_args(args: list) -> list:
     return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
 
 
-def detect_outputs(baseline, args: list) -> list[int]:
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (NaN == NaN here, unlike torch.equal)."""
+    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def run_baseline(config, args: list) -> list:
+    """The package's baseline on args, its outputs written into args.
+
+    The contest's baselines write in place and return the list; one that returns
+    new tensors instead has them copied into the arguments they replace.
+    """
+    with redirect_stdout(io.StringIO()):
+        ret = config.baseline(*args)
+    if isinstance(ret, (list, tuple)) and len(ret) == len(args):
+        for a, r in zip(args, ret):
+            if isinstance(a, torch.Tensor) and isinstance(r, torch.Tensor) and r is not a and r.shape == a.shape:
+                a.copy_(r)
+    return args
+
+
+def detect_outputs(config, args: list) -> list[int]:
     """Output tensors are those the baseline writes: compare before and after."""
     before = clone_args(args)
-    after = clone_args(args)
-    with redirect_stdout(io.StringIO()):
-        baseline(*after)
-    outs = [i for i, (a, b) in enumerate(zip(before, after))
-            if isinstance(a, torch.Tensor) and not torch.equal(a.view(torch.uint8) if a.dtype == torch.bool else a, b)]
+    after = run_baseline(config, clone_args(args))
+    outs = [i for i, (a, b) in enumerate(zip(before, after)) if isinstance(a, torch.Tensor) and not same_bits(a, b)]
     if not outs:
         raise RuntimeError("the baseline wrote no tensor argument: cannot tell the outputs")
     return outs

@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from .harness import TaskRuntime, clone_args, float_scales, refresh_floats
+from .harness import TaskRuntime, clone_args, float_scales, refresh_floats, run_baseline
 from .jobs import CaseSpec, Channel, Job
 from .schema import CaseKind
 
@@ -51,9 +51,7 @@ def _verdict(rt: TaskRuntime, case: CaseSpec, sample: dict) -> dict:
     if rt.hooks is not None and manifest is not None:
         refs64 = rt.hooks.reference(clone_args(args), torch.float64)
     else:
-        base = clone_args(args)
-        with redirect_stdout(io.StringIO()):
-            rt.config.baseline(*base)
+        base = run_baseline(rt.config, clone_args(args))
         refs64 = [base[i] for i in outs]
     for j, i in enumerate(outs):
         if i not in saved:
@@ -81,10 +79,9 @@ def _verdict(rt: TaskRuntime, case: CaseSpec, sample: dict) -> dict:
         target = clone_args(args)
         for i in outs:
             target[i] = saved[i].to(args[i].device)
-        base = clone_args(args)
         err_text = io.StringIO()
         with redirect_stdout(io.StringIO()), redirect_stderr(err_text):
-            rt.config.baseline(*base)
+            base = run_baseline(rt.config, clone_args(args))
             ok = rt.config.check(sizes, clone_args(args), target, base)
         if not ok:
             detail = err_text.getvalue().strip().splitlines()
@@ -138,9 +135,7 @@ def probe(job: Job, chan: Channel) -> None:
     case = CaseSpec(label=str(smallest["index"]), kind=CaseKind.CONTEST, index=smallest["index"])
     args, _ = rt.make_args(case, None)
     outs = rt.outputs(args)
-    base = clone_args(args)
-    with redirect_stdout(io.StringIO()):
-        rt.config.baseline(*base)
+    run_baseline(rt.config, clone_args(args))
     extra = []
     for kind, params_list in (("smoke", rt.manifest.smoke if rt.manifest else []),
                               ("hidden", rt.manifest.hidden if rt.manifest else [])):
