@@ -101,7 +101,7 @@ class Candidate:
     def _save(self, label: str, name: str, outputs: dict, base_seed, refresh_seed) -> dict:
         path = self.out_dir / f"{label}-{name}.pt"
         buf = io.BytesIO()
-        torch.save(outputs, buf)
+        torch.save({i: t.cpu() for i, t in outputs.items()}, buf)
         data = buf.getvalue()
         path.write_bytes(data)
         return {"name": name, "base_seed": base_seed, "refresh_seed": refresh_seed, "file": str(path),
@@ -133,8 +133,7 @@ class Candidate:
                 self.chan.send("case", case=case.label, status="REJECTED",
                                reason=f"modified its input argument(s) {changed} (inputs must stay read-only)")
                 return None
-            samples.append(self._save(case.label, name, {i: args[i].detach().cpu().clone() for i in outs},
-                                      base_seed, None))
+            samples.append(self._save(case.label, name, {i: args[i].detach().clone() for i in outs}, base_seed, None))
         return samples
 
     def _timed(self, case: CaseSpec, fn, backend) -> tuple[list[dict], dict]:
@@ -154,7 +153,7 @@ class Candidate:
             k = i % len(sets) if i >= 0 else (-1 - i) % len(sets)
             if i >= 0:
                 seen += 1
-                out = {j: args[j].detach().cpu().clone() for j in outs}
+                out = {j: args[j].detach().clone() for j in outs}  # on the device: cheap; to host when saved
                 kept[f"last{k}"] = (k, out, refresh[k])
                 sampled = [key for key in kept if key.startswith("call")]
                 if len(sampled) < SAMPLED_CALLS:
