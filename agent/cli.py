@@ -13,6 +13,7 @@ from rich.table import Table
 
 from . import __version__
 from .schema import Language, Status
+from .evaluator import CaseListError
 from .store import RunError
 from .task import TaskError, TaskPackage, detect_language, extract_code, load_task
 from .views import console, print_eval
@@ -82,13 +83,9 @@ def cmd_task_show(a) -> int:
 
 
 def make_evaluator(task: TaskPackage, a, device: str):
-    from .evaluator import SandboxEvaluator, probe_task, select_cases
+    from .evaluator import SandboxEvaluator, choose_cases
 
-    n = len(probe_task(task, cached=True)["cases"]) if (a.cases or device == "cuda") else 0
-    try:
-        cases = select_cases(task, device, n, a.cases, hidden=not getattr(a, "no_hidden", False))
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    cases = choose_cases(task, device, a.cases, hidden=not getattr(a, "no_hidden", False))
     compiler = shlex.split(a.compiler) if getattr(a, "compiler", None) else None
     return SandboxEvaluator(task, device, cases, timeout_s=a.timeout, compiler=compiler,
                             keep_scratch=getattr(a, "keep_scratch", False))
@@ -157,7 +154,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     err = console(stderr=True)
     try:
         return int(a.fn(a) or 0)
-    except (TaskError, UserError, RunError) as e:
+    except (TaskError, UserError, RunError, CaseListError) as e:
         err.print(f"optagent: error: {e}", markup=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:

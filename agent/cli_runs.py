@@ -41,7 +41,7 @@ def _pick_language(task: TaskPackage, device: str, wanted: Optional[str]) -> Lan
                     f"{', '.join(x.value for x in task.languages)})")
 
 
-def _planner(config: RunConfig, task: TaskPackage, con):
+def _planner(config: RunConfig, task: TaskPackage):
     from .planners.offline import OfflinePlanner, run_kernel_params
 
     if config.planner == "replay":
@@ -82,15 +82,14 @@ def _progress(con, t0: float):
 
 
 def _drive(store: RunStore, task: TaskPackage, a, con) -> int:
-    from .evaluator import SandboxEvaluator, probe_task, select_cases
+    from .evaluator import SandboxEvaluator, choose_cases
     from .loop import Limits, Loop
 
     cfg = store.config
-    n = len(probe_task(task, cached=True)["cases"]) if (cfg.cases or cfg.device == "cuda") else 0
-    cases = select_cases(task, cfg.device, n, cfg.cases, hidden=cfg.hidden)
+    cases = choose_cases(task, cfg.device, cfg.cases, hidden=cfg.hidden)
     evaluator = SandboxEvaluator(task, cfg.device, cases, timeout_s=cfg.timeout_s,
                                  compiler=shlex.split(cfg.compiler) if cfg.compiler else None)
-    planner = _planner(cfg, task, con)
+    planner = _planner(cfg, task)
     limits = Limits(cfg.min_gain, cfg.patience, cfg.max_steps, cfg.time_limit_s, cfg.budget_usd)
     store.lock()
     try:
@@ -129,6 +128,9 @@ def cmd_run(a) -> int:
     if planner == "replay" and not a.replay:
         raise UserError("--planner replay needs --replay FILE")
     settings = llm_settings_from_env(a.base_url, a.model) if planner == "llm" else None
+    from .evaluator import choose_cases
+
+    choose_cases(task, device, a.cases, hidden=not a.no_hidden)  # a bad --cases fails before a run exists
     from .store import new_run_id
 
     config = RunConfig(run_id=new_run_id(task.name), task_dir=str(task.root), task_name=task.name,

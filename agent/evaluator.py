@@ -31,6 +31,10 @@ COMPILE_FAILURE = re.compile(r"CompilationError|CompileError|InterpreterError: (
 FLOOR_MARGIN = 0.9  # a time under 90% of the bytes/bandwidth floor is physically implausible
 
 
+class CaseListError(ValueError):
+    """A --cases value that names no valid case; the message is one line."""
+
+
 def parse_case_list(text: str, n: int) -> list[int]:
     """'1,3-5' -> [1, 3, 4, 5], checked against the package's case count."""
     out: list[int] = []
@@ -40,10 +44,10 @@ def parse_case_list(text: str, n: int) -> list[int]:
             continue
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
         if not m:
-            raise ValueError(f"--cases: {part!r} is not a case number or range")
+            raise CaseListError(f"--cases: {part!r} is not a case number or range")
         lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
         if lo < 1 or hi > n or lo > hi:
-            raise ValueError(f"--cases: {part!r} is outside 1-{n}")
+            raise CaseListError(f"--cases: {part!r} is outside 1-{n}")
         out.extend(range(lo, hi + 1))
     return sorted(set(out))
 
@@ -62,6 +66,12 @@ def select_cases(task: TaskPackage, device: str, num_cases: int, cases: Optional
     if hidden and m:
         chosen += [CaseSpec(label=f"hidden-{k}", kind=CaseKind.HIDDEN, params=p) for k, p in enumerate(m.hidden, 1)]
     return chosen
+
+
+def choose_cases(task: TaskPackage, device: str, cases: Optional[str], hidden: bool = True) -> list[CaseSpec]:
+    """select_cases, probing the package for its case count only when contest cases are wanted."""
+    n = len(probe_task(task, cached=True)["cases"]) if (cases or device == "cuda") else 0
+    return select_cases(task, device, n, cases, hidden)
 
 
 def _first_per_case(messages: list[dict]) -> dict[str, dict]:

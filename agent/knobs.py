@@ -76,6 +76,3 @@ def set_knobs(source: str, values: dict[str, int]) -> str:
         out = out[: k.start] + str(values[k.name]) + out[k.end:]
     return out
 
-
-def knob_values(source: str) -> dict[str, int]:
-    return {k.name: k.value for k in find_knobs(source)}

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -55,7 +55,6 @@ class WorkerRun:
     timed_out: bool
     wall_s: float
     stderr_tail: str = ""
-    extra: dict = field(default_factory=dict)
 
     def first(self, kind: str) -> Optional[dict]:
         return next((m for m in self.messages if m["type"] == kind), None)

@@ -176,12 +176,6 @@ def worst(statuses: list[Status]) -> Status:
     return Status.PASSED
 
 
-class Candidate(Record):
-    language: Language
-    source: str
-    sha256: str
-
-
 class Usage(Record):
     prompt_tokens: int = 0
     completion_tokens: int = 0

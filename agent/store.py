@@ -22,7 +22,6 @@ from __future__ import annotations
 import difflib
 import fcntl
 import hashlib
-import json
 import os
 import re
 import time
@@ -191,6 +190,3 @@ def list_runs(root: Path) -> Iterator[RunStore]:
         return iter(())
     return (RunStore(p) for p in sorted(root.iterdir()) if (p / "config.json").is_file())
 
-
-def read_json(path: Path) -> dict:
-    return json.loads(path.read_text())

@@ -127,7 +127,6 @@ class CudaBackend:
             converted = [a.data_ptr() if hasattr(a, "data_ptr") else a for a in args]
             fn(*converted)
 
-        run_kernel.kernel_library = path  # type: ignore[attr-defined]
         return run_kernel
 
 
