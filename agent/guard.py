@@ -48,8 +48,8 @@ class ImportBlocker(MetaPathFinder):
 
 
 # Audit events (PEP 578). Raised by the candidate's own code: refused (a kernel needs none).
-# Raised in torch/triton: allowed, except gc, signals, sockets, tracing, spawning (triton's
-# ptxas and launcher builds excepted), and reading another process's environment or memory
+# Raised in torch/triton: allowed, except gc, signals, sockets, tracing, spawning (the JIT
+# compilers' own ptxas/nvcc/launcher builds excepted: Triton's, TileLang's and its TVM's), and reading another process's environment or memory
 # or the job file (seed, nonce). optagent's own frames are trusted. ctypes.call_function is
 # skipped: it fires on every call of a CUDA candidate (and a candidate cannot get a foreign
 # function without the refused ctypes.dlopen/dlsym).
@@ -63,6 +63,8 @@ EVENT_WHY = _table({  # the longest matching prefix names what the event does
 EVENT_PREFIXES = tuple(EVENT_WHY)
 ALWAYS_REFUSED = ("gc.", "os.kill", "os.killpg", "socket.", "signal.pthread_kill", "sys._current_frames",
                   "sys.settrace", "sys.setprofile")
+# Path parts that mark a JIT compiler's frames (TileLang vendors TVM under tilelang/3rdparty/tvm).
+COMPILERS = tuple(f"{os.sep}{name}{os.sep}" for name in ("triton", "tilelang", "tvm", "tvm_ffi"))
 SPAWN = ("subprocess.", "os.system", "os.exec", "os.spawn", "os.posix_spawn", "os.fork", "os.forkpty", "pty.")
 SECRET_PATH = re.compile(r"/proc/[^/]+/(environ|mem)$|(^|/)job-\w+\.json$")
 # Allowed stdlib modules that build code for the candidate (@dataclass, namedtuple) exec it and
@@ -100,7 +102,7 @@ class AuditGuard:
                     return "optagent", helper
                 if name.startswith(self.scratch) or os.path.basename(name).startswith("candidate"):
                     return "candidate", helper
-                return ("triton" if f"{os.sep}triton{os.sep}" in name else "library"), helper
+                return ("compiler" if any(c in name for c in COMPILERS) else "library"), helper
             f = f.f_back
         return "library", helper
 
@@ -115,7 +117,8 @@ class AuditGuard:
                                         or (event == "object.__getattr__" and attr in HELPER_ATTRS))))
         return who != "optagent" and (bool(event == "open" and SECRET_PATH.search(str(first)))
                                       or event.startswith(ALWAYS_REFUSED)
-                                      or (event.startswith(SPAWN) and who != "triton"))
+                                      or (event.startswith(SPAWN) and who != "compiler"
+                                          and not _library_lookup(event, args)))
 
     def __call__(self, event: str, args: tuple) -> None:
         if not event.startswith(EVENT_PREFIXES) or event == "ctypes.call_function" or os.getpid() != self.pid:
@@ -140,6 +143,15 @@ class AuditGuard:
             raise PermissionError(f"optagent: a candidate kernel may not {verb} ({event})")
 
 
+def _library_lookup(event: str, args: tuple) -> bool:
+    """`ldconfig -p`: how libraries locate a shared library (ctypes.util.find_library, CUDA
+    bindings); it only reads the loader's cache. Allowed to library code, never to the candidate."""
+    if event != "subprocess.Popen" or len(args) < 2:
+        return False
+    argv = [str(a) for a in (args[1] if isinstance(args[1], (list, tuple)) else [args[1]])]
+    return os.path.basename(str(args[0] or (argv[0] if argv else ""))) == "ldconfig" and argv[1:] == ["-p"]
+
+
 _GUARD: Optional[AuditGuard] = None
 
 
@@ -159,7 +171,28 @@ def lock_imports(report: Optional[Callable[[str], None]] = None) -> AuditGuard:
     if _GUARD is None:
         _GUARD = AuditGuard(report)
         sys.addaudithook(_GUARD)
+        _audit_thread_starts(_GUARD)
     return _GUARD
+
+
+def _audit_thread_starts(guard: AuditGuard) -> None:
+    """Before Python 3.13 starting a thread raises no audit event: wrap the starters so that
+    it does (a thread that runs the kernel after run_kernel returned may have died before the
+    end-of-case thread count looks)."""
+    import _thread
+
+    for module, name in ((_thread, "start_new_thread"), (threading, "_start_new_thread"),
+                         (_thread, "start_joinable_thread"), (threading, "_start_joinable_thread")):
+        original = getattr(module, name, None)
+        if original is None or getattr(original, "_optagent_audited", False):
+            continue
+
+        def start(function, *args, _original=original, **kwargs):
+            guard("_thread.start_new_thread", (function,))
+            return _original(function, *args, **kwargs)
+
+        start._optagent_audited = True  # type: ignore[attr-defined]
+        setattr(module, name, start)
 
 
 # aten ops that move or view data without computing on it (the CPU interpreter's copies among them).

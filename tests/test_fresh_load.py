@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+
+import pytest
+
 from optagent.evaluator import SandboxEvaluator, select_cases
 from optagent.schema import Language, Status
 from optagent.task import load_task
@@ -33,3 +37,25 @@ def test_kernel_caching_its_first_shape_passes_every_case(task_dir):
     result = SandboxEvaluator(task, "cpu", cases, timeout_s=300).evaluate(source, Language.TRITON)
     assert result.status is Status.PASSED, result.reason
     assert all(c.load_ms is not None for c in result.cases)
+
+
+def test_tilelang_without_a_gpu_or_tilelang_is_unsupported_with_the_reason(seed_dir):
+    task = load_task(seed_dir)
+    source = task.starter(Language.TILELANG).source
+    result = SandboxEvaluator(task, "cpu", select_cases(task, "cpu", 12, "1"), timeout_s=120).evaluate(
+        source, Language.TILELANG)
+    assert result.status is Status.UNSUPPORTED
+    want = "TileLang is not installed" if importlib.util.find_spec("tilelang") is None else "need a CUDA GPU"
+    assert want in (result.reason or ""), result.reason
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(importlib.util.find_spec("tilelang") is None, reason="TileLang is not installed")
+def test_gpu_seed_tilelang_starter_passes_cases_of_different_shapes(seed_dir):
+    """Its kernel is built once per process for the first shape: only fresh loads let case 12 pass after case 1."""
+    task = load_task(seed_dir)
+    cases = select_cases(task, "cuda", 12, "1,12", hidden=False)
+    result = SandboxEvaluator(task, "cuda", cases, timeout_s=600).evaluate(task.starter(Language.TILELANG).source,
+                                                                          Language.TILELANG)
+    assert result.status is Status.PASSED, result.reason
+    assert [c.status for c in result.cases] == [Status.PASSED, Status.PASSED]

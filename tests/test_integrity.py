@@ -183,7 +183,7 @@ SCAN_OFF = {
     "obf_getattr_import": (Status.REJECTED, r"run other programs.*\(os\.system", []),
     "obf_exec_hex": (Status.REJECTED, r"run dynamic code.*\((exec|compile)", []),
     "obf_frame_walk": (Status.REJECTED, r"interpreter internals.*\(object\.__getattr__", []),
-    "side_thread": (Status.REJECTED, r"background threads", []),
+    "side_thread": (Status.REJECTED, r"start a thread|background threads", []),
     "patch_perf_counter": (Status.REJECTED, r"patched the harness's timers \(time\.perf_counter\)", []),
     "os_exit": (Status.REJECTED, r"exited with code 0|before the harness", []),
     "read_env": (Status.RUNTIME_ERROR, r"key=None", []),  # the worker's environment holds no keys
@@ -283,6 +283,41 @@ def test_audit_guard_refuses_candidate_actions_and_reports_them(tmp_path):
     assert not Path("/tmp/optagent_guard_probe").exists()
 
 
+LIBRARY_SPAWN_SCRIPT = """
+import json, subprocess, sys
+from optagent.guard import lock_imports
+found = []
+lock_imports(report=found.append)
+results = {}
+for where, argv in json.loads(sys.argv[1]):  # code that stands in this file runs this program
+    scope = {"subprocess": subprocess}
+    exec(compile(f"def spawn():\\n    subprocess.run({argv!r}, capture_output=True)", where, "exec"), scope)
+    try:
+        scope["spawn"]()
+        results[f"{where} {' '.join(argv)}"] = "allowed"
+    except PermissionError:
+        results[f"{where} {' '.join(argv)}"] = "refused"
+print(json.dumps({"results": results, "reported": found}))
+"""
+
+
+def test_only_jit_compilers_and_library_lookups_may_run_programs(tmp_path):
+    """TileLang (and its TVM) run nvcc as Triton runs ptxas, and libraries look up shared libraries
+    with `ldconfig -p`; anything else asked to spawn is refused, and so is the candidate itself."""
+    lib, true = "/opt/py/site-packages", ["true"]
+    ldconfig = [shutil.which("ldconfig") or "/sbin/ldconfig", "-p"]
+    allowed = [(f"{lib}/tilelang/contrib/nvcc.py", true), (f"{lib}/tilelang/3rdparty/tvm/python/tvm/contrib/nvcc.py", true),
+               (f"{lib}/triton/runtime/build.py", true), (f"{lib}/cuda/pathfinder/find.py", ldconfig)]
+    refused = [(f"{lib}/somelib/util.py", true), (f"{lib}/somelib/util.py", ldconfig[:1]),
+               (str(tmp_path / "candidate_0.py"), true), (str(tmp_path / "candidate_0.py"), ldconfig)]
+    out = subprocess.run([sys.executable, "-c", LIBRARY_SPAWN_SCRIPT, json.dumps(allowed + refused)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])["results"]
+    assert got == {**{f"{w} {' '.join(a)}": "allowed" for w, a in allowed},
+                   **{f"{w} {' '.join(a)}": "refused" for w, a in refused}}
+
+
 WATCH_SCRIPT = """
 import importlib.util, json, os, sys
 os.environ["TRITON_INTERPRET"] = "1"
@@ -375,9 +410,10 @@ def test_gpu_side_stream_work_is_still_timed(task):
 
 @pytest.mark.gpu
 def test_gpu_time_below_the_physical_floor_is_rejected(task):
-    """patch_bench_clock with the scan bypassed: a 10x slower harness clock ends below the floor."""
+    """patch_bench_clock with the scan bypassed: the slowed harness clock is seen as a patched timer,
+    and the times it produced end below the floor; either names the trick."""
     result = gpu_run(task, "patch_bench_clock", [LARGE_CASE], scan=False)
-    expect(result, Status.REJECTED, r"below the physical floor")
+    expect(result, Status.REJECTED, r"below the physical floor|patched the harness's timers \(optagent\.bench")
 
 
 @pytest.mark.gpu

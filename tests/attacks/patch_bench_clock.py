@@ -1,10 +1,9 @@
 """Attack class: timer tricks (patched harness clock).
 Attack: reaches the harness's own timer module through torch.sys.modules and slows the
-clock it captured at import (optagent.bench._perf_counter), which bench.patched_timers()
-does not watch.
-Expected verdict: REJECTED -- "torch.sys" (statically).  With the scan bypassed: on a GPU
-REJECTED "below the physical floor"; on CPU it PASSES with a 10x fake speedup (no floor
-there) -- see the report.
+clock it captured at import (optagent.bench._perf_counter).
+Expected verdict: REJECTED -- "torch.sys" (statically).  With the scan bypassed: REJECTED
+"patched the harness's timers" (bench.patched_timers() watches the captured clocks too), and
+on a GPU its times are also below the physical floor.
 """
 
 import math
