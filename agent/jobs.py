@@ -28,7 +28,7 @@ class TimingSpec(Record):
     max_iters: int = 200
     budget_s: float = 0.3  # per case and per timed callable
     input_sets: int = 3  # rotated fresh float inputs (keeps L2 and caches honest)
-    warmup: int = 3
+    warmup: int = 10  # GPU clocks and caches settle before the first timed call
 
 
 class Job(Record):
