@@ -626,3 +626,15 @@ def test_gpu_contest_case(name, number, cuda_libs, monkeypatch):
         assert ok, (label, err)
     report.append(f"peak {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB")
     print(", ".join(report))
+
+
+def test_prefill_reference_in_query_chunks_is_the_whole_matrix_answer(monkeypatch):
+    """The float64 reference runs in row chunks (a 16k causal prompt would need 64 GiB at once)."""
+    h = hooks("ragged_prefill")
+    for params in manifest("ragged_prefill")["smoke"][:2]:
+        args = h.make_case(params, "cpu", 5)
+        whole = h.reference(args, torch.float64)[0]
+        monkeypatch.setattr(h, "SCORE_ELEMENTS", 4 * params["num_qo_heads"] * 40)  # chunks of a few rows
+        chunked = h.reference(args, torch.float64)[0]
+        monkeypatch.undo()
+        assert torch.equal(whole, chunked)

@@ -131,6 +131,9 @@ def make_case(params: dict, device: str, seed: int) -> list:
     ]
 
 
+SCORE_ELEMENTS = 1 << 27  # per chunk of the reference's score matrix
+
+
 def reference(args: list, dtype: torch.dtype) -> list:
     """``[output]`` computed with plain PyTorch entirely in ``dtype``; ``args`` is left untouched."""
     q, k, v = args[Q], args[K], args[V]
@@ -147,13 +150,18 @@ def reference(args: list, dtype: torch.dtype) -> list:
         queries = q[q0:q1].to(dtype).transpose(0, 1)  # (heads, n_q, D)
         keys = k[k0:k1].to(dtype).repeat_interleave(group, dim=1).transpose(0, 1)  # (heads, n_k, D)
         vals = v[k0:k1].to(dtype).repeat_interleave(group, dim=1).transpose(0, 1)
-        scores = torch.matmul(queries, keys.transpose(1, 2)) * scale  # (heads, n_q, n_k)
-        if causal:
-            i = torch.arange(n_q, device=q.device)[:, None]
-            j = torch.arange(n_k, device=q.device)[None, :]
-            scores = scores.masked_fill(j > i + (n_k - n_q), -math.inf)
-        weights = torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0)
-        out[q0:q1] = torch.matmul(weights, vals).transpose(0, 1)
+        # query rows in chunks: a whole (heads, n_q, n_k) score matrix of a 16k-token
+        # sequence is 64 GiB in float64; a chunk's stays near 1 GiB
+        rows = max(1, SCORE_ELEMENTS // (heads * max(n_k, 1)))
+        for c0 in range(0, n_q, rows):
+            c1 = min(n_q, c0 + rows)
+            scores = torch.matmul(queries[:, c0:c1], keys.transpose(1, 2)) * scale  # (heads, rows, n_k)
+            if causal:
+                i = torch.arange(c0, c1, device=q.device)[:, None]
+                j = torch.arange(n_k, device=q.device)[None, :]
+                scores = scores.masked_fill(j > i + (n_k - n_q), -math.inf)
+            weights = torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0)
+            out[q0 + c0:q0 + c1] = torch.matmul(weights, vals).transpose(0, 1)
     return [out]
 
 
