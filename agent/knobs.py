@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass
 
 SIZE_NAME = re.compile(r"BLOCK|TILE|SPLIT|WARP|THREAD|STAGE|CHUNK|PAGES|GROUP|UNROLL|VEC", re.I)
+# Sizes the hardware fixes, not the kernel: changing them breaks a correct kernel.
+HARDWARE = re.compile(r"^(WARP_?SIZE|WARP_?THREADS|LANES_PER_WARP|THREADS_PER_WARP|SMEM_BANKS?)$")
 PY_DECLARED = re.compile(r"^(?P<name>[A-Z][A-Z0-9_]*)\s*=\s*(?P<value>\d+)\s*#\s*knob:\s*(?P<values>[\d,\s]+)$", re.M)
 CU_DECLARED = re.compile(r"^\s*#\s*define\s+(?P<name>[A-Z][A-Z0-9_]*)\s+(?P<value>\d+)\s*//\s*knob:\s*(?P<values>[\d,\s]+)$", re.M)
 PY_CONST = re.compile(r"^(?P<name>[A-Z][A-Z0-9_]*)\s*=\s*(?P<value>\d+)\s*$", re.M)
@@ -49,7 +51,7 @@ def find_knobs(source: str) -> list[Knob]:
     for pattern in (PY_CONST, CU_DEFINE):
         for m in pattern.finditer(source):
             name = m.group("name")
-            if name in knobs or not SIZE_NAME.search(name):
+            if name in knobs or not SIZE_NAME.search(name) or HARDWARE.match(name):
                 continue
             v = int(m.group("value"))
             knobs[name] = Knob(name, v, _pow2_neighbours(v), *m.span("value"))

@@ -177,6 +177,11 @@ def test_knobs_found_and_set():
         set_knobs(STARTER, {"NOPE": 1})
 
 
+def test_hardware_sizes_are_not_knobs():
+    cuda = "#define WARP_SIZE 32\n#define THREADS 128\n#define BLOCK_TOKENS 64\n"
+    assert [k.name for k in find_knobs(cuda)] == ["THREADS", "BLOCK_TOKENS"]
+
+
 def test_offline_planner_walks_knobs_then_stops():
     planner = OfflinePlanner(Language.TRITON, family=None, params=run_kernel_params(STARTER))
     assert run_kernel_params(STARTER) == ["q", "k", "out"]

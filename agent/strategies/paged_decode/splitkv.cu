@@ -1,6 +1,8 @@
 // Paged-KV decode attention, CUDA split-KV (flash-decoding) with GQA.
 //
-// Grid: x = split of the sequence, y = (batch, query position, kv head, head chunk).
+// Grid: (batch, query position, kv head, head chunk) x split of the sequence; with
+// HEAD_MAJOR the heads vary fastest, so the blocks of all heads of a split run side by
+// side and read each page (all heads' rows of a token are adjacent) while it is open.
 // A block streams its split's pages of one kv head and keeps an fp32 online
 // softmax for GT query heads of that kv head.  Inside a warp, LANES lanes share
 // one token (each lane owns 8 consecutive dims and loads them with one 16-byte
@@ -27,6 +29,7 @@
 #define WAVES 1  // knob: 1, 2, 3, 4, 8
 #define FUSED_COMBINE 1  // knob: 0, 1
 #define COMBINE_THREADS 128  // knob: 64, 128, 256
+#define HEAD_MAJOR 1  // knob: 0, 1
 
 #define NWARPS (THREADS / 32)
 #define LOG2E_F 1.4426950408889634f
@@ -122,8 +125,9 @@ __global__ void __launch_bounds__(THREADS) paged_decode_split(Params p) {
     constexpr int TW = SUB * U;       // tokens per warp step
     extern __shared__ float smem[];
 
-    const int split = blockIdx.x;
-    int unit = blockIdx.y;
+    const int split = HEAD_MAJOR ? blockIdx.y : blockIdx.x;
+    const int unit_id = HEAD_MAJOR ? blockIdx.x : blockIdx.y;
+    int unit = unit_id;
     const int gc = unit % p.gchunks;
     unit /= p.gchunks;
     const int hk = unit % p.HK;
@@ -330,9 +334,9 @@ __global__ void __launch_bounds__(THREADS) paged_decode_split(Params p) {
     __threadfence();
     __syncthreads();
     if (tid == 0) {
-        const int ticket = atomicAdd(p.counters + blockIdx.y, 1);
+        const int ticket = atomicAdd(p.counters + unit_id, 1);
         s_last = (ticket == n_act - 1);
-        if (s_last) p.counters[blockIdx.y] = 0;  // ready for the next launch
+        if (s_last) p.counters[unit_id] = 0;  // ready for the next launch
     }
     __syncthreads();
     if (!s_last) return;
@@ -509,7 +513,7 @@ extern "C" void run_kernel(const __nv_bfloat16* q, const __nv_bfloat16* k_cache_
         p.l_buf = g_scratch ? g_scratch + (size_t)n_rows * n_splits : nullptr;
         p.a_buf = g_scratch ? g_scratch + (size_t)2 * n_rows * n_splits : nullptr;
         p.counters = g_counters;
-        g_plan.grid = dim3(n_splits, units, 1);
+        g_plan.grid = HEAD_MAJOR ? dim3(units, n_splits, 1) : dim3(n_splits, units, 1);
         // shared: staged page ids, then the warps' partials (or, in the merging block, split weights)
         size_t tail = (size_t)NWARPS * gt * D + 2 * NWARPS * gt;
         const size_t weights = (size_t)gt * (n_splits + 1);

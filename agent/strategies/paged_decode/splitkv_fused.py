@@ -27,6 +27,7 @@ PAGES_PER_ITER = 8  # knob: 1, 2, 4, 8
 WAVES = 1  # knob: 1, 2, 3, 4, 8
 NUM_WARPS = 4  # knob: 1, 2, 4, 8
 NUM_STAGES = 1  # knob: 1, 2, 3
+HEAD_MAJOR = 1  # knob: 0, 1
 SPLIT_CHUNK = 16  # knob: 8, 16, 32, 64
 
 LOG2E = 1.4426950408889634
@@ -142,10 +143,12 @@ def _paged_decode_split(
     D: tl.constexpr, DP: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
     ITERS: tl.constexpr, ROWS: tl.constexpr, ROWS_P: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_F32: tl.constexpr,
-    CHUNK: tl.constexpr, NCHUNK: tl.constexpr,
+    CHUNK: tl.constexpr, NCHUNK: tl.constexpr, HEAD_MAJOR: tl.constexpr,
 ):
-    pid_s = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    # heads fastest (HEAD_MAJOR): the programs of all kv heads of a split run side by side
+    # and read each page (all heads' rows of a token are adjacent) while it is open
+    pid_s = tl.program_id(1) if HEAD_MAJOR else tl.program_id(0)
+    pid_bh = tl.program_id(0) if HEAD_MAJOR else tl.program_id(1)
     b = pid_bh // HK
     hk = pid_bh % HK
 
@@ -334,7 +337,7 @@ def _make_plan(q, k, v, out, seqlens, block_table, batch_size, seqlen_k, seqlen_
         return dict(H=H, HK=HK, GROUP=GROUP, SQ=SQ, D=D, DP=DP, PAGE=PAGE, BLOCK_N=BLOCK_N,
                     ITERS=iters if interp else 0, ROWS=ROWS, ROWS_P=ROWS_P, IS_CAUSAL=bool(causal) and SQ > 1,
                     DOT_F32=interp, CHUNK=SPLIT_CHUNK, NCHUNK=n_chunks if interp else 0,
-                    num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+                    num_warps=NUM_WARPS, num_stages=NUM_STAGES, HEAD_MAJOR=HEAD_MAJOR)
 
     # programs: about WAVES x (programs resident per SM) x SMs, splits of equal length
     dummy = torch.empty(1, dtype=torch.float32, device=dev)
@@ -352,7 +355,8 @@ def _make_plan(q, k, v, out, seqlens, block_table, batch_size, seqlen_k, seqlen_
     n_chunks = _cdiv(n_splits, SPLIT_CHUNK)
     args = (mbuf, lbuf, abuf, counter)
     tail = bt_info + (n_splits, split_tokens, iters, n_chunks, qk_scale)
-    return (n_splits, units), args, tail, kwargs(iters, n_chunks)
+    grid = (units, n_splits) if HEAD_MAJOR else (n_splits, units)
+    return grid, args, tail, kwargs(iters, n_chunks)
 
 
 def run_kernel(q, k_cache_paged, v_cache_paged, output, cache_seqlens, block_table,

@@ -27,6 +27,7 @@ PAGES_PER_ITER = 8  # knob: 1, 2, 4, 8
 WAVES = 1  # knob: 1, 2, 3, 4, 8
 NUM_WARPS = 4  # knob: 1, 2, 4, 8
 NUM_STAGES = 1  # knob: 1, 2, 3
+HEAD_MAJOR = 1  # knob: 0, 1
 COMBINE_WARPS = 4  # knob: 1, 2, 4, 8
 SPLIT_CHUNK = 16  # knob: 8, 16, 32, 64
 
@@ -96,10 +97,12 @@ def _paged_decode_split(
     H: tl.constexpr, HK: tl.constexpr, GROUP: tl.constexpr, SQ: tl.constexpr,
     D: tl.constexpr, DP: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
     ITERS: tl.constexpr, ROWS: tl.constexpr, ROWS_P: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, DIRECT: tl.constexpr, DOT_F32: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, DIRECT: tl.constexpr, DOT_F32: tl.constexpr, HEAD_MAJOR: tl.constexpr,
 ):
-    pid_s = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    # heads fastest (HEAD_MAJOR): the programs of all kv heads of a split run side by side
+    # and read each page (all heads' rows of a token are adjacent) while it is open
+    pid_s = tl.program_id(1) if HEAD_MAJOR else tl.program_id(0)
+    pid_bh = tl.program_id(0) if HEAD_MAJOR else tl.program_id(1)
     b = pid_bh // HK
     hk = pid_bh % HK
 
@@ -322,7 +325,7 @@ def _make_plan(q, k, v, out, seqlens, block_table, batch_size, seqlen_k, seqlen_
         return dict(H=H, HK=HK, GROUP=GROUP, SQ=SQ, D=D, DP=DP, PAGE=PAGE, BLOCK_N=BLOCK_N,
                     ITERS=iters if interp else 0, ROWS=ROWS, ROWS_P=ROWS_P,
                     IS_CAUSAL=bool(causal) and SQ > 1, DIRECT=direct, DOT_F32=interp,
-                    num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+                    num_warps=NUM_WARPS, num_stages=NUM_STAGES, HEAD_MAJOR=HEAD_MAJOR)
 
     # programs: about WAVES x (programs resident per SM) x SMs, splits of equal length
     dummy = torch.empty(1, dtype=torch.float32, device=dev)
@@ -343,7 +346,7 @@ def _make_plan(q, k, v, out, seqlens, block_table, batch_size, seqlen_k, seqlen_
     n_chunks = _cdiv(n_splits, SPLIT_CHUNK)
     comb_kw = dict(SQH=SQ * H, D=D, DP=DP, CHUNK=SPLIT_CHUNK, NCHUNK=n_chunks if interp else 0,
                    num_warps=COMBINE_WARPS)
-    return ((n_splits, units), (n_rows,), (mbuf, lbuf, abuf), bt_info,
+    return ((units, n_splits) if HEAD_MAJOR else (n_splits, units), (n_rows,), (mbuf, lbuf, abuf), bt_info,
             n_splits, split_tokens, iters, n_chunks, qk_scale, split_kw(direct, iters), comb_kw, direct)
 
 
