@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# Everything a GPU claim needs, in one device call: install, validate, evaluate
-# the starters of both decode packages (ours and the seed's), evaluate one twice
-# for repeatability, run the GPU-only integrity tests, and the offline run.
-# Full logs and JSON go under $OUT; a short table is printed last.
-#   bash bench/gpu_check.sh [starters|run|all]   (the seed package is read from .seed/)
-#   env: CROSS=0 skips the cross-package starter runs; RUN_LANG=cuda|triton, RUN_LIMIT=seconds for the run
+# Everything a GPU claim needs, in few device calls. Full logs and JSON go under $OUT
+# (archived in $OUT/keep/logs.tgz: only 8 files come back); a short table is printed last.
+#
+#   bash bench/gpu_check.sh check   starters of every package (timed ones serially, the rest side by side),
+#                                   repeatability, TileLang end to end, pytest -m gpu
+#   bash bench/gpu_check.sh run     the offline run on the decode task (issue 5) and its table
+#   bash bench/gpu_check.sh more    an offline run on each of the other packages (issue 6)
+#   bash bench/gpu_check.sh two     on two GPUs: run on GPU 0; on GPU 1 the TileLang and prefill
+#                                   re-checks, then more
+#
+# Reads the seed package from .seed/, py3.12 wheels from .whl/ and TileLang from .tl/tl.tar.xz
+# (see docs/gpu.md). env: RUN_LANG=cuda|triton, RUN_LIMIT=seconds (run), MORE_LIMIT=seconds (more).
 set -uo pipefail
-STAGE=${1:-all}
+STAGE=${1:-check}
 OUT=${OUT:-/tmp/optagent-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OPTAGENT_RUNS_DIR="$OUT/runs"
@@ -14,12 +20,14 @@ if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
 mkdir -p /tmp/site && ln -sfn "$PWD/agent" /tmp/site/optagent
+untar_tl() { [ -f .tl/tl.tar.xz ] && [ ! -d /tmp/site/tilelang ] && tar xJf .tl/tl.tar.xz -C /tmp/site; true; }
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 oa() { python3 -m optagent.cli "$@"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 SEED=.seed/flashattn_task_package
 OURS=tasks/flashattn_task_package
+MORE="ragged_prefill fused_moe mla_decode"
 
 ev() {  # ev NAME TASK KERNEL [args...]
   local name=$1 task=$2 kernel=$3; shift 3
@@ -27,37 +35,103 @@ ev() {  # ev NAME TASK KERNEL [args...]
     > "$OUT/$name.log" 2>&1
   echo "$name: exit $? in $(cat "$OUT/$name.time") s"
 }
+export -f ev; export OUT
 
-if [ "$STAGE" = starters ] || [ "$STAGE" = all ]; then
-  oa task validate "$OURS" 2>&1 | tee "$OUT/validate.log"
-  oa task validate "$SEED" 2>&1 | tee -a "$OUT/validate.log"
+finish() {
+  python3 bench/summarize.py "$OUT" > "$OUT/summary.txt" 2>&1
+  (cd "$OUT" && tar czf /tmp/logs.tgz --exclude=keep . 2>/dev/null; mkdir -p keep && mv /tmp/logs.tgz keep/ \
+    && find . -maxdepth 1 -type f ! -name summary.txt ! -name decode_table.txt ! -name run.log -delete; rm -rf runs*)
+  cat "$OUT/summary.txt"
+  [ -f "$OUT/decode_table.txt" ] && cat "$OUT/decode_table.txt"
+  true
+}
+
+if [ "$STAGE" = check ]; then  # one GPU
+  untar_tl &
+  n=0
+  for p in "$OURS" "$SEED" $(for m in $MORE; do echo "tasks/${m}_task_package"; done); do
+    n=$((n + 1)); oa task validate "$p" > "$OUT/validate-$n.log" 2>&1 &
+  done
+  wait  # TileLang unpacked, packages validated
+  cat "$OUT"/validate-*.log
+  python3 -c "import tilelang; print('tilelang', tilelang.__version__)" >> "$OUT/gpu.txt" 2>&1
+  # timed serially: seconds per candidate and repeatability
   ev ours-triton "$OURS" "$OURS/starter/decode_triton.py"
   ev ours-triton-again "$OURS" "$OURS/starter/decode_triton.py"
   ev ours-cuda "$OURS" "$OURS/starter/decode_cuda.cu"
   ev seed-triton "$SEED" "$SEED/starter/smoke_test-Triton.txt"
   ev seed-cuda "$SEED" "$SEED/starter/smoke_test-CUDAMaca.txt"
-  if [ "${CROSS:-1}" = 1 ]; then  # every starter on both packages
-    ev ours-triton-on-seed "$SEED" "$OURS/starter/decode_triton.py"
-    ev ours-cuda-on-seed "$SEED" "$OURS/starter/decode_cuda.cu"
-    ev seed-triton-on-ours "$OURS" "$SEED/starter/smoke_test-Triton.txt"
-    ev seed-cuda-on-ours "$OURS" "$SEED/starter/smoke_test-CUDAMaca.txt"
-  fi
-  python3 -m pytest -q -m gpu tests --ignore=tests/test_llm_planner.py --ignore=tests/test_edits.py > "$OUT/pytest-gpu.log" 2>&1; echo "pytest -m gpu: exit $?"; tail -3 "$OUT/pytest-gpu.log"
-fi
-if [ "$STAGE" = run ] || [ "$STAGE" = all ]; then
+  # correctness only, side by side: GPU tests, cross-package starters, the other packages, TileLang
+  IGNORE="--ignore=tests/test_llm_planner.py --ignore=tests/test_edits.py"
+  timeout 330 python3 -m pytest -q -m gpu tests/test_integrity.py > "$OUT/pytest-gpu-integrity.log" 2>&1 &
+  timeout 330 python3 -m pytest -q -m gpu tests $IGNORE --ignore=tests/test_integrity.py > "$OUT/pytest-gpu.log" 2>&1 &
+  {
+    echo "ours-triton-on-seed $SEED $OURS/starter/decode_triton.py"
+    echo "ours-cuda-on-seed $SEED $OURS/starter/decode_cuda.cu"
+    echo "seed-triton-on-ours $OURS $SEED/starter/smoke_test-Triton.txt"
+    echo "seed-cuda-on-ours $OURS $SEED/starter/smoke_test-CUDAMaca.txt"
+    echo "seed-tilelang $SEED $SEED/starter/smoke_test-Tilelang.txt"
+    for m in $MORE; do
+      for k in tasks/${m}_task_package/starter/*; do echo "$m-${k##*.} tasks/${m}_task_package $k"; done
+    done
+  } | timeout 320 xargs -P 4 -L 1 bash -c 'ev "$@"' _ &
   start=$(date +%s)
-  oa run "$OURS" --language "${RUN_LANG:-triton}" --time-limit "${RUN_LIMIT:-420}" > "$OUT/run.log" 2>&1
+  timeout 240 python3 -m optagent.cli run "$SEED" --language tilelang --time-limit 150 --patience 3 \
+    > "$OUT/tilelang-run.log" 2>&1
+  echo "tilelang run: exit $? in $(( $(date +%s) - start )) s"
+  oa leaderboard --diff > "$OUT/tilelang-leaderboard.log" 2>&1; head -12 "$OUT/tilelang-leaderboard.log"
+  wait
+  for f in "$OUT"/pytest-gpu*.log; do echo "$(basename "$f"): $(tail -1 "$f")"; grep -E "^(FAILED|ERROR)" "$f" | head; done
+fi
+
+decode_run() {  # issue 5: the offline run on the decode task, then its table
+  start=$(date +%s)
+  oa run "$OURS" --language "${RUN_LANG:-cuda}" --time-limit "${RUN_LIMIT:-420}" > "$OUT/run.log" 2>&1
   echo "run: exit $?"
   echo "offline run wall: $(( $(date +%s) - start )) s" | tee -a "$OUT/run.log"
   oa leaderboard --diff > "$OUT/leaderboard.log" 2>&1
-  tail -25 "$OUT/run.log"
-  head -20 "$OUT/leaderboard.log"
-  python3 bench/decode_table.py agent/strategies/paged_decode/splitkv_*.py "$OUT"/runs/*/best/kernel.py \
-    > "$OUT/decode_table.txt" 2>&1
-fi
-python3 bench/summarize.py "$OUT" > "$OUT/summary.txt" 2>&1
-# Only 8 files come back from the device: everything else travels in one archive.
-(cd "$OUT" && tar czf /tmp/logs.tgz --exclude=runs . runs 2>/dev/null; mkdir -p keep && mv /tmp/logs.tgz keep/ \
-  && find . -maxdepth 1 -type f ! -name summary.txt ! -name check.log ! -name decode_table.txt ! -name run.log -delete; rm -rf runs)
-cat "$OUT/summary.txt"
-[ -f "$OUT/decode_table.txt" ] && cat "$OUT/decode_table.txt"
+  for d in "$OPTAGENT_RUNS_DIR"/*/; do oa show "$(basename "$d")" >> "$OUT/run.log" 2>&1; done
+  tail -40 "$OUT/run.log"
+  timeout 150 python3 bench/decode_table.py agent/strategies/paged_decode/splitkv_{gqa.py,fused.py,.cu} \
+    "$OPTAGENT_RUNS_DIR"/*/best/kernel.* > "$OUT/decode_table.txt" 2>&1
+}
+
+more_runs() {  # issue 6: an offline run on each of the other packages, starter and best per case
+  for m in $MORE; do
+    start=$(date +%s)
+    oa run "tasks/${m}_task_package" --language triton --time-limit "${MORE_LIMIT:-120}" --patience 4 \
+      > "$OUT/run-$m.log" 2>&1
+    echo "$m run: exit $? in $(( $(date +%s) - start )) s"
+  done
+  for d in "$OPTAGENT_RUNS_DIR"/*/; do
+    id=$(basename "$d")
+    { oa show "$id"; oa show "$id" --step 0; } >> "$OUT/more-runs.log" 2>&1
+  done
+  oa leaderboard >> "$OUT/more-runs.log" 2>&1
+}
+
+recheck() {  # what the check stage found broken, once fixed: TileLang, the prefill package
+  ev seed-tilelang "$SEED" "$SEED/starter/smoke_test-Tilelang.txt" &
+  ev ragged_prefill-py tasks/ragged_prefill_task_package tasks/ragged_prefill_task_package/starter/prefill_triton.py &
+  ev ragged_prefill-cu tasks/ragged_prefill_task_package tasks/ragged_prefill_task_package/starter/prefill_cuda.cu &
+  timeout 200 python3 -m pytest -q -m gpu tests/test_fresh_load.py tests/test_integrity.py -k "tilelang or floor or honest" \
+    > "$OUT/pytest-recheck.log" 2>&1 &
+  OPTAGENT_RUNS_DIR="$OUT/runs-tilelang" timeout 200 python3 -m optagent.cli run "$SEED" --language tilelang \
+    --time-limit 150 --patience 3 > "$OUT/tilelang-run.log" 2>&1
+  echo "tilelang run: exit $?"
+  OPTAGENT_RUNS_DIR="$OUT/runs-tilelang" python3 -m optagent.cli leaderboard --diff > "$OUT/tilelang-leaderboard.log" 2>&1
+  wait
+  echo "pytest recheck: $(tail -1 "$OUT/pytest-recheck.log")"
+}
+
+case "$STAGE" in
+  run) decode_run ;;
+  more) more_runs ;;
+  two)  # two GPUs: the decode run alone on GPU 0; the rest on GPU 1
+    python3 -c "from optagent.bench import measured_bandwidth_gbs as m; print(f'copy bandwidth {m():.0f} GB/s')"
+    (export CUDA_VISIBLE_DEVICES=0; decode_run) > "$OUT/lane0.log" 2>&1 &
+    (export CUDA_VISIBLE_DEVICES=1 OPTAGENT_RUNS_DIR="$OUT/runs-more"; recheck; more_runs) > "$OUT/lane1.log" 2>&1
+    wait
+    cat "$OUT/lane1.log" "$OUT/lane0.log" ;;
+esac
+finish
