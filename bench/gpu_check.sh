@@ -117,7 +117,7 @@ recheck() {  # what the check stage found broken, once fixed: TileLang, the pref
   timeout 200 python3 -m pytest -q -m gpu tests/test_fresh_load.py tests/test_integrity.py -k "tilelang or floor or honest" \
     > "$OUT/pytest-recheck.log" 2>&1 &
   OPTAGENT_RUNS_DIR="$OUT/runs-tilelang" timeout 200 python3 -m optagent.cli run "$SEED" --language tilelang \
-    --time-limit 150 --patience 3 > "$OUT/tilelang-run.log" 2>&1
+    --time-limit "${TL_LIMIT:-100}" --patience 3 > "$OUT/tilelang-run.log" 2>    --time-limit 150 --patience 3 > "$OUT/tilelang-run.log" 2>&11
   echo "tilelang run: exit $?"
   OPTAGENT_RUNS_DIR="$OUT/runs-tilelang" python3 -m optagent.cli leaderboard --diff > "$OUT/tilelang-leaderboard.log" 2>&1
   wait
@@ -129,9 +129,14 @@ case "$STAGE" in
   more) more_runs ;;
   two)  # two GPUs: the decode run alone on GPU 0; the rest on GPU 1
     python3 -c "from optagent.bench import measured_bandwidth_gbs as m; print(f'copy bandwidth {m():.0f} GB/s')"
+    # whatever still runs at DEADLINE seconds is stopped, so that the logs always come back
+    (sleep "${DEADLINE:-540}"; pkill -f "optagent.cli|decode_table|pytest") > /dev/null 2>&1 &
+    watchdog=$!
     (export CUDA_VISIBLE_DEVICES=0; decode_run) > "$OUT/lane0.log" 2>&1 &
+    lane0=$!
     (export CUDA_VISIBLE_DEVICES=1 OPTAGENT_RUNS_DIR="$OUT/runs-more"; recheck; more_runs) > "$OUT/lane1.log" 2>&1
-    wait
+    wait "$lane0"
+    kill "$watchdog" 2>/dev/null
     cat "$OUT/lane1.log" "$OUT/lane0.log" ;;
 esac
 finish
