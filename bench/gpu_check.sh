@@ -117,7 +117,7 @@ recheck() {  # what the check stage found broken, once fixed: TileLang, the pref
   timeout 200 python3 -m pytest -q -m gpu tests/test_fresh_load.py tests/test_integrity.py -k "tilelang or floor or honest" \
     > "$OUT/pytest-recheck.log" 2>&1 &
   OPTAGENT_RUNS_DIR="$OUT/runs-tilelang" timeout 200 python3 -m optagent.cli run "$SEED" --language tilelang \
-    --time-limit "${TL_LIMIT:-100}" --patience 3 > "$OUT/tilelang-run.log" 2>    --time-limit 150 --patience 3 > "$OUT/tilelang-run.log" 2>&11
+    --time-limit "${TL_LIMIT:-100}" --patience 3 > "$OUT/tilelang-run.log" 2>&1
   echo "tilelang run: exit $?"
   OPTAGENT_RUNS_DIR="$OUT/runs-tilelang" python3 -m optagent.cli leaderboard --diff > "$OUT/tilelang-leaderboard.log" 2>&1
   wait
