@@ -92,8 +92,9 @@ decode_run() {  # issue 5: the offline run on the decode task, then its table
   oa leaderboard --diff > "$OUT/leaderboard.log" 2>&1
   for d in "$OPTAGENT_RUNS_DIR"/*/; do oa show "$(basename "$d")" >> "$OUT/run.log" 2>&1; done
   tail -40 "$OUT/run.log"
-  timeout 150 python3 bench/decode_table.py agent/strategies/paged_decode/splitkv_{gqa.py,fused.py,.cu} \
+  timeout 150 python3 bench/decode_table.py agent/strategies/paged_decode/splitkv{_gqa.py,_fused.py,.cu} \
     "$OPTAGENT_RUNS_DIR"/*/best/kernel.* > "$OUT/decode_table.txt" 2>&1
+  timeout 90 python3 bench/floor_probe.py >> "$OUT/decode_table.txt" 2>&1
 }
 
 more_runs() {  # issue 6: an offline run on each of the other packages, starter and best per case
@@ -111,6 +112,7 @@ more_runs() {  # issue 6: an offline run on each of the other packages, starter 
 }
 
 recheck() {  # what the check stage found broken, once fixed: TileLang, the prefill package
+  untar_tl
   ev seed-tilelang "$SEED" "$SEED/starter/smoke_test-Tilelang.txt" &
   ev ragged_prefill-py tasks/ragged_prefill_task_package tasks/ragged_prefill_task_package/starter/prefill_triton.py &
   ev ragged_prefill-cu tasks/ragged_prefill_task_package tasks/ragged_prefill_task_package/starter/prefill_cuda.cu &

@@ -1,0 +1,57 @@
+"""What % of the bandwidth floor is reachable at all, under our timing method, per decode case.
+
+The decode kernels' GPU times fit t = bytes / 3.87 TB/s + ~14 us on an H200 (session 2),
+so small cases sit far under the floor. This separates the method's own costs from the
+kernels': per case it times, with the L2 flushed by a write (``zero_``, as the evaluator
+and issue 5's anchors do) and by a read, an empty launch and a plain streaming read of
+exactly the case's K+V bytes. A benchmark, not a test.
+
+    python3 bench/floor_probe.py
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+CASES = [(bs, s) for s in (1024, 4096, 8192, 16384) for bs in (1, 4, 16)]
+H, D = 8, 128
+ANCHOR_GBS = 4270.0
+
+
+def timed(fn, flush) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(30):
+        torch.cuda.synchronize()
+        flush()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def main() -> None:
+    big = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    sink = torch.empty(1, dtype=torch.int64, device="cuda")
+    flushes = {"zero_ flush": big.zero_, "read flush": lambda: torch.sum(big.view(torch.int64), out=sink)}
+    tiny = torch.zeros(1, device="cuda")
+    print(f"{'bs/seqlen':<10}{'floor us':>9}" + "".join(f"{f + ': empty / read us / % floor':>40}" for f in flushes))
+    for bs, s in CASES:
+        n = 2 * bs * s * H * D * 2  # K and V bytes of the case
+        data = torch.randint(0, 1 << 30, (n // 8,), dtype=torch.int64, device="cuda")
+        floor = n / (ANCHOR_GBS * 1e3)
+        row = f"{bs}/{s // 1024}k".ljust(10) + f"{floor:9.1f}"
+        for flush in flushes.values():
+            empty = timed(lambda: tiny.add_(1), flush)
+            read = timed(lambda: torch.sum(data, out=sink), flush)
+            row += f"{empty:14.1f} /{read:10.1f} /{100 * floor / read:8.0f}%   "
+        print(row)
+        del data
+
+
+if __name__ == "__main__":
+    main()
