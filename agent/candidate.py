@@ -26,6 +26,9 @@ from .jobs import CaseSpec, Channel, Job
 from .schema import CaseKind
 
 SAMPLED_CALLS = 4  # timed calls, drawn at random, whose outputs the judge checks besides each set's last
+# Fewer drawn calls where outputs are huge (a 16k-token prefill writes 1 GiB per call): each
+# one is saved, hashed and checked against a float64 reference, seconds apiece.
+SAMPLED_BYTES = 1 << 30
 
 
 def _threads() -> set[int]:
@@ -145,6 +148,8 @@ class Candidate:
         refresh: dict[int, int | None] = {k: None for k in range(len(sets))}
         kept: dict[str, tuple[int, dict, int | None]] = {}  # name -> (set, outputs, refresh seed)
         seen = 0
+        out_bytes = sum(sets[0][j].numel() * sets[0][j].element_size() for j in outs)
+        n_sampled = min(SAMPLED_CALLS, max(1, SAMPLED_BYTES // max(out_bytes, 1)))
 
         def after(i: int, args: list) -> None:
             # Outside the timed region: keep this call's output if it is to be checked,
@@ -156,9 +161,9 @@ class Candidate:
                 out = {j: args[j].detach().clone() for j in outs}  # on the device: cheap; to host when saved
                 kept[f"last{k}"] = (k, out, refresh[k])
                 sampled = [key for key in kept if key.startswith("call")]
-                if len(sampled) < SAMPLED_CALLS:
+                if len(sampled) < n_sampled:
                     kept[f"call{i}"] = (k, out, refresh[k])
-                elif self.rng.random() < SAMPLED_CALLS / seen:  # reservoir sampling over all timed calls
+                elif self.rng.random() < n_sampled / seen:  # reservoir sampling over all timed calls
                     del kept[self.rng.choice(sampled)]
                     kept[f"call{i}"] = (k, out, refresh[k])
             for j in outs:
