@@ -1,0 +1,123 @@
+"""The ragged_prefill strategy library: format, integrity scan, and correctness on CPU.
+
+Every Triton strategy goes through the sandboxed evaluator on CPU (Triton's
+interpreter in a worker process): at its default knobs on the package's smoke
+and hidden cases (ragged lengths, chunked prefill with kv longer than qo,
+bidirectional attention, GQA/MQA, garbage past the last sequence's keys, an
+output pre-filled with NaN), and on the smoke cases with every knob at its
+smallest listed value, every knob at its largest, and the smallest query block
+with the largest key block (so each knob's extremes are covered, and both
+BLOCK_M > BLOCK_N and BLOCK_M < BLOCK_N on the causal diagonal).  The
+evaluations are started together in a module fixture so the file stays fast on
+two cores.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from optagent.checks import static_verdict
+from optagent.evaluator import SandboxEvaluator, select_cases
+from optagent.knobs import find_knobs, set_knobs
+from optagent.planners.offline import load_strategies, run_kernel_params
+from optagent.schema import CaseKind, Language, Status
+from optagent.task import load_task
+
+ROOT = Path(__file__).resolve().parents[1]
+FAMILY = ROOT / "agent" / "strategies" / "ragged_prefill"
+TASK = ROOT / "tasks" / "ragged_prefill_task_package"
+SPEC = tomllib.loads((FAMILY / "strategy.toml").read_text(encoding="utf-8"))
+STRATEGIES = SPEC["strategy"]
+TRITON = [s for s in STRATEGIES if s["language"] == "triton"]
+
+
+def _variants(source: str) -> list[tuple[str, dict]]:
+    """All knobs at their smallest values, all at their largest, and the smallest BLOCK_M with the largest BLOCK_N."""
+    knobs = {k.name: k for k in find_knobs(source)}
+    out = [("all-min", {n: min(k.values) for n, k in knobs.items()}),
+           ("all-max", {n: max(k.values) for n, k in knobs.items()})]
+    if "BLOCK_M" in knobs and "BLOCK_N" in knobs:
+        out.append(("BLOCK_M-min/BLOCK_N-max", {"BLOCK_M": min(knobs["BLOCK_M"].values),
+                                                "BLOCK_N": max(knobs["BLOCK_N"].values)}))
+    return out
+
+
+@pytest.fixture(scope="module")
+def task():
+    return load_task(TASK)
+
+
+@pytest.fixture(scope="module")
+def evaluations(task):
+    """{strategy name: [(label, kinds expected, future EvalResult)]}, all running at once."""
+    every = select_cases(task, "cpu", 0, None)
+    smoke = select_cases(task, "cpu", 0, None, hidden=False)
+    pool = ThreadPoolExecutor(max_workers=4)
+    runs = {}
+    for s in TRITON:
+        source = (FAMILY / s["file"]).read_text(encoding="utf-8")
+        items = [("default", {CaseKind.SMOKE, CaseKind.HIDDEN},
+                  pool.submit(SandboxEvaluator(task, "cpu", every, timeout_s=300).evaluate, source, Language.TRITON))]
+        for label, setting in _variants(source):
+            variant = set_knobs(source, setting)
+            items.append((label, {CaseKind.SMOKE},
+                          pool.submit(SandboxEvaluator(task, "cpu", smoke, timeout_s=300).evaluate,
+                                      variant, Language.TRITON)))
+        runs[s["name"]] = items
+    yield runs
+    pool.shutdown(wait=True)
+
+
+def test_strategy_manifest_lists_existing_files_with_the_contest_signature(task):
+    assert SPEC["family"] == "ragged_prefill" == task.manifest.family
+    starter = task.starter(Language.TRITON).source
+    assert SPEC["signature"] == run_kernel_params(starter)
+    assert len(SPEC["signature"]) == 13
+    names = [s["name"] for s in STRATEGIES]
+    assert len(names) == len(set(names))
+    for s in STRATEGIES:
+        assert set(s) >= {"name", "file", "language", "idea"}
+        source = (FAMILY / s["file"]).read_text(encoding="utf-8")
+        assert run_kernel_params(source) == SPEC["signature"], s["file"]
+
+
+def test_offline_planner_finds_the_strategies_for_the_task(task):
+    params = run_kernel_params(task.starter(Language.TRITON).source)
+    found = load_strategies(Language.TRITON, task.manifest.family, params)
+    assert {s.name for s in found} >= {s["name"] for s in TRITON}
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s["name"])
+def test_strategy_passes_the_integrity_scan_and_declares_knobs(strategy):
+    source = (FAMILY / strategy["file"]).read_text(encoding="utf-8")
+    assert static_verdict(source, Language(strategy["language"])) is None
+    knobs = find_knobs(source)
+    assert knobs, "a strategy declares its tunables as knobs"
+    for k in knobs:
+        assert k.value in k.values, f"{k.name}: the default {k.value} is one of the listed values"
+    for label, setting in _variants(source):
+        assert static_verdict(set_knobs(source, setting), Language(strategy["language"])) is None, label
+
+
+@pytest.mark.parametrize("strategy", TRITON, ids=lambda s: s["name"])
+def test_triton_strategy_passes_the_evaluator_at_default_and_knob_extremes(strategy, evaluations):
+    bad = []
+    for label, kinds, future in evaluations[strategy["name"]]:
+        result = future.result(timeout=600)
+        if result.status is not Status.PASSED:
+            bad.append(f"{label}: {result.status.value}: {result.reason}")
+            continue
+        if {c.kind for c in result.cases} != kinds:
+            bad.append(f"{label}: ran {sorted(c.kind.value for c in result.cases)}")
+        for c in result.cases:
+            if c.status is not Status.PASSED or c.rel_err is None or c.rel_err >= c.tolerance:
+                bad.append(f"{label} / {c.case}: {c.status.value} rel_err={c.rel_err} tolerance={c.tolerance}")
+    assert not bad, "\n".join(bad)
