@@ -22,19 +22,12 @@ from pathlib import Path
 
 import pytest
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
-from optagent.checks import static_verdict
 from optagent.knobs import find_knobs, set_knobs
-from optagent.planners.offline import run_kernel_params
 from optagent.schema import Language
 
-FAMILY = Path(__file__).resolve().parents[1] / "agent" / "strategies" / "paged_decode"
-SPEC = tomllib.loads((FAMILY / "strategy.toml").read_text(encoding="utf-8"))
-STRATEGIES = SPEC["strategy"]
+from strategy_checks import check_manifest, check_scan_and_knobs, family
+
+FAMILY, SPEC, STRATEGIES = family("paged_decode")
 TRITON = [s for s in STRATEGIES if s["language"] == "triton"]
 CUDA = [s for s in STRATEGIES if s["language"] == "cuda"]
 
@@ -197,24 +190,13 @@ def background(tmp_path_factory):
 
 def test_strategy_manifest_lists_existing_files_with_the_contest_signature():
     assert SPEC["family"] == "paged_decode"
-    assert len(SPEC["signature"]) == 15
-    names = [s["name"] for s in STRATEGIES]
-    assert len(names) == len(set(names))
-    for s in STRATEGIES:
-        assert set(s) >= {"name", "file", "language", "idea"}
-        source = (FAMILY / s["file"]).read_text(encoding="utf-8")
-        assert run_kernel_params(source) == SPEC["signature"], s["file"]
+    check_manifest(FAMILY, SPEC, 15)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s["name"])
 def test_strategy_passes_the_integrity_scan_and_declares_knobs(strategy):
     source = (FAMILY / strategy["file"]).read_text(encoding="utf-8")
-    language = Language(strategy["language"])
-    assert static_verdict(source, language) is None
-    knobs = find_knobs(source)
-    assert knobs, "a strategy declares its tunables as knobs"
-    for k in knobs:
-        assert k.value in k.values, f"{k.name}: the default {k.value} is one of the listed values"
+    check_scan_and_knobs(source, Language(strategy["language"]))
 
 
 @pytest.mark.parametrize("strategy", TRITON, ids=lambda s: s["name"])

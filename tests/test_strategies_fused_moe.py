@@ -20,24 +20,17 @@ from pathlib import Path
 
 import pytest
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
-from optagent.checks import static_verdict
 from optagent.evaluator import SandboxEvaluator, select_cases
 from optagent.jobs import TimingSpec
 from optagent.knobs import find_knobs, set_knobs
 from optagent.planners.offline import run_kernel_params
-from optagent.schema import CaseKind, Language, Status
+from optagent.schema import CaseKind, Language
 from optagent.task import load_task
 
-ROOT = Path(__file__).resolve().parents[1]
-FAMILY = ROOT / "agent" / "strategies" / "fused_moe"
-TASK_DIR = ROOT / "tasks" / "fused_moe_task_package"
-SPEC = tomllib.loads((FAMILY / "strategy.toml").read_text(encoding="utf-8"))
-STRATEGIES = SPEC["strategy"]
+from strategy_checks import check_manifest, check_scan_and_knobs, family, verdict_failures
+
+TASK_DIR = Path(__file__).resolve().parents[1] / "tasks" / "fused_moe_task_package"
+FAMILY, SPEC, STRATEGIES = family("fused_moe")
 TRITON = [s for s in STRATEGIES if s["language"] == "triton"]
 
 # Each tunable knob belongs to the regime whose tiles it sets (first matching prefix); the
@@ -93,25 +86,13 @@ def test_strategy_manifest_lists_existing_files_with_the_contest_signature(task)
     assert SPEC["family"] == "fused_moe" == task.manifest.family
     starter = (TASK_DIR / "starter" / "moe_triton.py").read_text(encoding="utf-8")
     assert SPEC["signature"] == run_kernel_params(starter)
-    assert len(SPEC["signature"]) == 11
-    names = [s["name"] for s in STRATEGIES]
-    assert len(names) == len(set(names))
-    for s in STRATEGIES:
-        assert set(s) >= {"name", "file", "language", "idea"}
-        source = (FAMILY / s["file"]).read_text(encoding="utf-8")
-        assert run_kernel_params(source) == SPEC["signature"], s["file"]
+    check_manifest(FAMILY, SPEC, 11)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s["name"])
 def test_strategy_passes_the_integrity_scan_and_declares_knobs(strategy):
     source = (FAMILY / strategy["file"]).read_text(encoding="utf-8")
-    assert static_verdict(source, Language(strategy["language"])) is None
-    knobs = find_knobs(source)
-    assert knobs, "a strategy declares its tunables as knobs"
-    for k in knobs:
-        assert k.value in k.values, f"{k.name}: the default {k.value} is one of the listed values"
-    for label, setting, _ in _variants(source):
-        assert static_verdict(set_knobs(source, setting), Language(strategy["language"])) is None, label
+    check_scan_and_knobs(source, Language(strategy["language"]), [(label, st) for label, st, _ in _variants(source)])
 
 
 @pytest.mark.parametrize("strategy", TRITON, ids=lambda s: s["name"])
@@ -137,10 +118,5 @@ def test_triton_strategy_passes_the_evaluator_at_default_and_knob_extremes(strat
         results = list(pool.map(evaluate, runs))
     bad = []
     for label, cases, result in results:
-        if result.status is not Status.PASSED or len(result.cases) != len(cases):
-            bad.append(f"{label}: {result.status.value}: {result.reason}")
-            continue
-        for c in result.cases:
-            if c.status is not Status.PASSED or c.rel_err is None or c.rel_err >= c.tolerance:
-                bad.append(f"{label} / {c.label}: {c.status.value} rel_err {c.rel_err} tolerance {c.tolerance}")
+        bad += verdict_failures(label, result, len(cases))
     assert not bad, "\n".join(bad)

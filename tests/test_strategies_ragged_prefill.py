@@ -19,23 +19,16 @@ from pathlib import Path
 
 import pytest
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
-from optagent.checks import static_verdict
 from optagent.evaluator import SandboxEvaluator, select_cases
 from optagent.knobs import find_knobs, set_knobs
 from optagent.planners.offline import load_strategies, run_kernel_params
-from optagent.schema import CaseKind, Language, Status
+from optagent.schema import CaseKind, Language
 from optagent.task import load_task
 
-ROOT = Path(__file__).resolve().parents[1]
-FAMILY = ROOT / "agent" / "strategies" / "ragged_prefill"
-TASK = ROOT / "tasks" / "ragged_prefill_task_package"
-SPEC = tomllib.loads((FAMILY / "strategy.toml").read_text(encoding="utf-8"))
-STRATEGIES = SPEC["strategy"]
+from strategy_checks import check_manifest, check_scan_and_knobs, family, verdict_failures
+
+TASK = Path(__file__).resolve().parents[1] / "tasks" / "ragged_prefill_task_package"
+FAMILY, SPEC, STRATEGIES = family("ragged_prefill")
 TRITON = [s for s in STRATEGIES if s["language"] == "triton"]
 
 
@@ -78,15 +71,8 @@ def evaluations(task):
 
 def test_strategy_manifest_lists_existing_files_with_the_contest_signature(task):
     assert SPEC["family"] == "ragged_prefill" == task.manifest.family
-    starter = task.starter(Language.TRITON).source
-    assert SPEC["signature"] == run_kernel_params(starter)
-    assert len(SPEC["signature"]) == 13
-    names = [s["name"] for s in STRATEGIES]
-    assert len(names) == len(set(names))
-    for s in STRATEGIES:
-        assert set(s) >= {"name", "file", "language", "idea"}
-        source = (FAMILY / s["file"]).read_text(encoding="utf-8")
-        assert run_kernel_params(source) == SPEC["signature"], s["file"]
+    assert SPEC["signature"] == run_kernel_params(task.starter(Language.TRITON).source)
+    check_manifest(FAMILY, SPEC, 13)
 
 
 def test_offline_planner_finds_the_strategies_for_the_task(task):
@@ -98,13 +84,7 @@ def test_offline_planner_finds_the_strategies_for_the_task(task):
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s["name"])
 def test_strategy_passes_the_integrity_scan_and_declares_knobs(strategy):
     source = (FAMILY / strategy["file"]).read_text(encoding="utf-8")
-    assert static_verdict(source, Language(strategy["language"])) is None
-    knobs = find_knobs(source)
-    assert knobs, "a strategy declares its tunables as knobs"
-    for k in knobs:
-        assert k.value in k.values, f"{k.name}: the default {k.value} is one of the listed values"
-    for label, setting in _variants(source):
-        assert static_verdict(set_knobs(source, setting), Language(strategy["language"])) is None, label
+    check_scan_and_knobs(source, Language(strategy["language"]), _variants(source))
 
 
 @pytest.mark.parametrize("strategy", TRITON, ids=lambda s: s["name"])
@@ -112,12 +92,7 @@ def test_triton_strategy_passes_the_evaluator_at_default_and_knob_extremes(strat
     bad = []
     for label, kinds, future in evaluations[strategy["name"]]:
         result = future.result(timeout=600)
-        if result.status is not Status.PASSED:
-            bad.append(f"{label}: {result.status.value}: {result.reason}")
-            continue
-        if {c.kind for c in result.cases} != kinds:
+        bad += verdict_failures(label, result)
+        if result.status.value == "PASSED" and {c.kind for c in result.cases} != kinds:
             bad.append(f"{label}: ran {sorted(c.kind.value for c in result.cases)}")
-        for c in result.cases:
-            if c.status is not Status.PASSED or c.rel_err is None or c.rel_err >= c.tolerance:
-                bad.append(f"{label} / {c.case}: {c.status.value} rel_err={c.rel_err} tolerance={c.tolerance}")
     assert not bad, "\n".join(bad)

@@ -1,0 +1,56 @@
+"""Checks every strategy family's tests share: the manifest, the scan and knobs, evaluator verdicts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from optagent.checks import static_verdict
+from optagent.knobs import find_knobs, set_knobs
+from optagent.planners.offline import run_kernel_params
+from optagent.schema import EvalResult, Language, Status
+
+STRATEGY_ROOT = Path(__file__).resolve().parents[1] / "agent" / "strategies"
+
+
+def family(name: str) -> tuple[Path, dict, list[dict]]:
+    """The family's folder, its strategy.toml, and its strategies."""
+    folder = STRATEGY_ROOT / name
+    spec = tomllib.loads((folder / "strategy.toml").read_text(encoding="utf-8"))
+    return folder, spec, spec["strategy"]
+
+
+def check_manifest(folder: Path, spec: dict, arity: int) -> None:
+    """Unique names, the fields the planner reads, and every file's run_kernel matching the signature."""
+    assert len(spec["signature"]) == arity
+    names = [s["name"] for s in spec["strategy"]]
+    assert len(names) == len(set(names))
+    for s in spec["strategy"]:
+        assert set(s) >= {"name", "file", "language", "idea"}
+        source = (folder / s["file"]).read_text(encoding="utf-8")
+        assert run_kernel_params(source) == spec["signature"], s["file"]
+
+
+def check_scan_and_knobs(source: str, language: Language, variants: Iterable[tuple[str, dict]] = ()) -> None:
+    """The static scan accepts the source and each knob variant; tunables are declared knobs."""
+    assert static_verdict(source, language) is None
+    knobs = find_knobs(source)
+    assert knobs, "a strategy declares its tunables as knobs"
+    for k in knobs:
+        assert k.value in k.values, f"{k.name}: the default {k.value} is one of the listed values"
+    for label, setting in variants:
+        assert static_verdict(set_knobs(source, setting), language) is None, label
+
+
+def verdict_failures(label: str, result: EvalResult, n_cases: int | None = None) -> list[str]:
+    """Why an evaluation is not a clean pass (every case PASSED within tolerance), one line each."""
+    if result.status is not Status.PASSED or (n_cases is not None and len(result.cases) != n_cases):
+        return [f"{label}: {result.status.value}: {result.reason}"]
+    return [f"{label} / {c.case}: {c.status.value} rel_err={c.rel_err} tolerance={c.tolerance}"
+            for c in result.cases
+            if c.status is not Status.PASSED or c.rel_err is None or c.rel_err >= c.tolerance]
