@@ -25,7 +25,9 @@ from .store import RunStore, atomic_write, ext, unified_diff
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
-from .report_charts import (Category, CATEGORIES, step_category, num, us, sci, StepChart, step_chart, BarChart, case_chart, HBarChart, speedup_bars)
+from .report_charts import (Category, CATEGORIES, step_category, StepChart, step_chart, BarChart, case_chart,
+                            HBarChart, speedup_bars)
+from .svg import num, sci, us
 from .report_code import (highlight_css, highlight_lines, diff_lines, error_summary, shorten, first_line)
 
 # ----------------------------------------------------------------------------

@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 from markupsafe import escape
 
-from optagent import report_charts, report_code
+from optagent import report_code, svg
 from optagent.leaderboard import gather
 from optagent.report import add_report_commands, render_leaderboard, render_run_report, write_leaderboard_html
-from optagent.report_charts import case_chart, linear_ticks, log_ticks, marker_path, step_category
+from optagent.report_charts import case_chart, step_category
+from optagent.svg import linear_ticks, log_ticks, marker_path
 from optagent.schema import (
     CaseKind,
     CaseResult,
@@ -279,7 +280,7 @@ def test_ticks_and_scales():
     assert linear_ticks(0, 2.5) == [0, 0.5, 1.0, 1.5, 2.0, 2.5]
     assert log_ticks(0.5, 1000) == [0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
     assert log_ticks(1e-3, 1e6) == [1e-3, 1e-2, 1e-1, 1, 10, 100, 1e3, 1e4, 1e5, 1e6]
-    assert report_charts.log_floor(1.02) == 0.5 and report_charts.log_floor(13.0) == 5
+    assert svg.log_floor(1.02) == 0.5 and svg.log_floor(13.0) == 5
     for shape in ("circle", "ring", "diamond", "square", "triangle", "triangle_down", "octagon", "cross", "plus"):
         assert re.fullmatch(r"M[-\d.,aLZ ]+Z|M[-\d.,]+a[-\d., ]+a[-\d., ]+Z", marker_path(shape, 10, 10, 5)), shape
 
