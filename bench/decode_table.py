@@ -69,29 +69,22 @@ def gpu_us(fn, args, flush) -> float:
     fn(*args)
     torch.cuda.synchronize()
     if getattr(fn, "legacy_stream", False):
-        return events_us(fn, args, flush)
+        return event_median(lambda: fn(*args), flush.zero_)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn(*args)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(20):
-        flush.zero_()
-        start.record()
-        g.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+    return event_median(g.replay, flush.zero_)
 
 
-def events_us(fn, args, flush) -> float:
+def event_median(call, flush, reps: int = 20) -> float:
+    """Median GPU us of call() between two events, flush() queued ahead of each (the host's
+    launch overlaps the flush, so launch latency stays out)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
-    for _ in range(20):
-        flush.zero_()  # queued ahead of the call: the host launch overlaps the flush
+    for _ in range(reps):
+        flush()
         start.record()
-        fn(*args)
+        call()
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) * 1e3)

@@ -11,27 +11,9 @@ exactly the case's K+V bytes. A benchmark, not a test.
 
 from __future__ import annotations
 
-import statistics
-
 import torch
 
-CASES = [(bs, s) for s in (1024, 4096, 8192, 16384) for bs in (1, 4, 16)]
-H, D = 8, 128
-ANCHOR_GBS = 4270.0
-
-
-def timed(fn, flush) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(30):
-        torch.cuda.synchronize()
-        flush()
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+from decode_table import ANCHOR_GBS, CASES, D, H, event_median  # same cases, floor and timing
 
 
 def main() -> None:
@@ -46,11 +28,10 @@ def main() -> None:
         floor = n / (ANCHOR_GBS * 1e3)
         row = f"{bs}/{s // 1024}k".ljust(10) + f"{floor:9.1f}"
         for flush in flushes.values():
-            empty = timed(lambda: tiny.add_(1), flush)
-            read = timed(lambda: torch.sum(data, out=sink), flush)
+            empty = event_median(lambda: tiny.add_(1), flush, reps=30)
+            read = event_median(lambda: torch.sum(data, out=sink), flush, reps=30)
             row += f"{empty:14.1f} /{read:10.1f} /{100 * floor / read:8.0f}%   "
         print(row)
-        del data
 
 
 if __name__ == "__main__":
