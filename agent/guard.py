@@ -49,10 +49,11 @@ class ImportBlocker(MetaPathFinder):
 
 # Audit events (PEP 578). Raised by the candidate's own code: refused (a kernel needs none).
 # Raised in torch/triton: allowed, except gc, signals, sockets, tracing, spawning (the JIT
-# compilers' own ptxas/nvcc/launcher builds excepted: Triton's, TileLang's and its TVM's), and reading another process's environment or memory
-# or the job file (seed, nonce). optagent's own frames are trusted. ctypes.call_function is
-# skipped: it fires on every call of a CUDA candidate (and a candidate cannot get a foreign
-# function without the refused ctypes.dlopen/dlsym).
+# compilers' own ptxas/nvcc/launcher builds excepted: Triton's, TileLang's and its TVM's),
+# and reading another process's environment or memory or the job file (seed, nonce).
+# optagent's own frames are trusted. ctypes.call_function is skipped: it fires on every call
+# of a CUDA candidate (and a candidate cannot get a foreign function without the refused
+# ctypes.dlopen/dlsym).
 EVENT_WHY = _table({  # the longest matching prefix names what the event does
     "signal processes": "os.kill os.killpg signal.", "fork processes": "os.fork os.forkpty", "open a file": "open",
     "run other programs": "os.system os.exec os.spawn os.posix_spawn subprocess. pty.", "touch files": "shutil. glob.",

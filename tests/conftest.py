@@ -9,9 +9,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TASK = ROOT / "tasks" / "flashattn_task_package"
 # The seed package beside the checkout, or a copy carried inside it (.seed/, git-ignored) on the GPU machine.
-SEED = next((p for p in (ROOT.parent / "shared" / "seed" / "flashattn_task_package",
-                         ROOT / ".seed" / "flashattn_task_package") if p.is_dir()),
-            ROOT.parent / "shared" / "seed" / "flashattn_task_package")
+SEED_PLACES = (ROOT.parent / "shared" / "seed" / "flashattn_task_package", ROOT / ".seed" / "flashattn_task_package")
+SEED = next((p for p in SEED_PLACES if p.is_dir()), SEED_PLACES[0])
 
 
 def _cuda() -> bool:

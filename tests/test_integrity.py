@@ -183,7 +183,7 @@ SCAN_OFF = {
     "obf_getattr_import": (Status.REJECTED, r"run other programs.*\(os\.system", []),
     "obf_exec_hex": (Status.REJECTED, r"run dynamic code.*\((exec|compile)", []),
     "obf_frame_walk": (Status.REJECTED, r"interpreter internals.*\(object\.__getattr__", []),
-    "side_thread": (Status.REJECTED, r"start a thread|background threads", []),
+    "side_thread": (Status.REJECTED, r"tried to start a thread at run time", []),
     "patch_perf_counter": (Status.REJECTED, r"patched the harness's timers \(time\.perf_counter\)", []),
     "os_exit": (Status.REJECTED, r"exited with code 0|before the harness", []),
     "read_env": (Status.RUNTIME_ERROR, r"key=None", []),  # the worker's environment holds no keys
