@@ -103,24 +103,34 @@ def _route_scatter(ids_ptr, counts_ptr, pairs_ptr, pend_ptr, vend_ptr,
 
 
 @triton.jit
+def _grouped_tile(pid, NUM_M: tl.constexpr, NUM_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row block, column block) of a program. GROUP_M consecutive row blocks (mostly of one
+    expert) sweep the N tiles together, so each weight tile is fetched from HBM once per
+    group and their rows stay in L2."""
+    first = (pid // (GROUP_M * NUM_N)) * GROUP_M
+    size = tl.minimum(NUM_M - first, GROUP_M)
+    return first + (pid % (GROUP_M * NUM_N)) % size, (pid % (GROUP_M * NUM_N)) // size
+
+
+@triton.jit
+def _expert_of(row0, pend_ptr, NUM_EXPERTS: tl.constexpr, E_P2: tl.constexpr):
+    """The expert of the row block at row0: how many padded expert ranges end at or before
+    it (NUM_EXPERTS: an unused block)."""
+    offs_e = tl.arange(0, E_P2)
+    pend = tl.load(pend_ptr + offs_e, mask=offs_e < NUM_EXPERTS, other=2147483647)
+    return tl.sum((pend <= row0).to(tl.int32), axis=0)
+
+
+@triton.jit
 def _gate_up_kernel(x_ptr, w13_ptr, pairs_ptr, pend_ptr, vend_ptr, act_ptr, x_stride,
                     NUM_EXPERTS: tl.constexpr, E_P2: tl.constexpr, HIDDEN: tl.constexpr, INTER: tl.constexpr,
                     TOP_K: tl.constexpr, NUM_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, DOT_F32: tl.constexpr):
     NUM_N: tl.constexpr = (INTER + BLOCK_N - 1) // BLOCK_N
     EVEN_K: tl.constexpr = HIDDEN % BLOCK_K == 0
-    # GROUP_M consecutive row blocks (mostly of one expert) sweep the N tiles together,
-    # so each weight tile is fetched from HBM once per group and their rows stay in L2
-    pid = tl.program_id(0)
-    first = (pid // (GROUP_M * NUM_N)) * GROUP_M
-    size = tl.minimum(NUM_M - first, GROUP_M)
-    pid_m = first + (pid % (GROUP_M * NUM_N)) % size
-    pid_n = (pid % (GROUP_M * NUM_N)) // size
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), NUM_M, NUM_N, GROUP_M)
     row0 = pid_m * BLOCK_M
-    # the block's expert: how many padded expert ranges end at or before it (NUM_EXPERTS: unused block)
-    offs_e = tl.arange(0, E_P2)
-    pend = tl.load(pend_ptr + offs_e, mask=offs_e < NUM_EXPERTS, other=2147483647)
-    expert = tl.sum((pend <= row0).to(tl.int32), axis=0)
+    expert = _expert_of(row0, pend_ptr, NUM_EXPERTS, E_P2)
     if expert >= NUM_EXPERTS:
         return
     vend = tl.load(vend_ptr + expert)
@@ -172,16 +182,10 @@ def _down_kernel(act_ptr, w2_ptr, weights_ptr, pairs_ptr, pend_ptr, vend_ptr, pa
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_ITERS: tl.constexpr, EVEN_K: tl.constexpr,
                  GROUP_M: tl.constexpr, DIRECT: tl.constexpr, DOT_F32: tl.constexpr):
     NUM_N: tl.constexpr = (HIDDEN + BLOCK_N - 1) // BLOCK_N
-    pid = tl.program_id(0)
-    first = (pid // (GROUP_M * NUM_N)) * GROUP_M
-    size = tl.minimum(NUM_M - first, GROUP_M)
-    pid_m = first + (pid % (GROUP_M * NUM_N)) % size
-    pid_n = (pid % (GROUP_M * NUM_N)) // size
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), NUM_M, NUM_N, GROUP_M)
     split = tl.program_id(1)
     row0 = pid_m * BLOCK_M
-    offs_e = tl.arange(0, E_P2)
-    pend = tl.load(pend_ptr + offs_e, mask=offs_e < NUM_EXPERTS, other=2147483647)
-    expert = tl.sum((pend <= row0).to(tl.int32), axis=0)
+    expert = _expert_of(row0, pend_ptr, NUM_EXPERTS, E_P2)
     if expert >= NUM_EXPERTS:
         return
     vend = tl.load(vend_ptr + expert)
