@@ -4,16 +4,22 @@ GPU time by CUDA-graph replay (L2 flushed before each replay, median of 20),
 eager time of the whole call; floor = K+V bytes read / measured copy bandwidth.
 A benchmark, not a test: kernels run in this process.
 
-    python3 bench/decode_table.py KERNEL.py|KERNEL.cu [...]
+    [FLUSH=zero|read] python3 bench/decode_table.py KERNEL.py|KERNEL.cu [...]
+
+FLUSH=zero (default, as the evaluator and triton's do_bench do) writes a 256 MiB buffer,
+which leaves the L2 full of dirty lines that are written back while the timed kernel
+runs; FLUSH=read evicts the L2 by reading the buffer, so nothing is written back.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import statistics
 import sys
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -65,15 +71,23 @@ def make(bs: int, s: int):
     return [q, k, v, out, seqlens, table, bs, s, 1, H, H, D, PAGE, nb, 0]
 
 
+def flusher(buf: torch.Tensor, how: str) -> Callable[[], None]:
+    """L2 flush by writing buf (dirty lines left behind) or by reading it (clean lines)."""
+    if how == "read":
+        sink = torch.empty(1, dtype=torch.int64, device=buf.device)
+        return lambda: torch.sum(buf.view(torch.int64), out=sink)
+    return buf.zero_
+
+
 def gpu_us(fn, args, flush) -> float:
     fn(*args)
     torch.cuda.synchronize()
     if getattr(fn, "legacy_stream", False):
-        return event_median(lambda: fn(*args), flush.zero_)
+        return event_median(lambda: fn(*args), flush)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn(*args)
-    return event_median(g.replay, flush.zero_)
+    return event_median(g.replay, flush)
 
 
 def event_median(call, flush, reps: int = 20) -> float:
@@ -96,7 +110,7 @@ def eager_us(fn, args, flush) -> float:
 
     times = []
     for _ in range(20):
-        flush.zero_()
+        flush()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         fn(*args)
@@ -126,9 +140,11 @@ def main() -> None:
         kernels[Path(p).parent.parent.name[-12:] if Path(p).stem == "kernel" else Path(p).stem] = load(Path(p))
     measured = bandwidth_gbs()
     bw = max(measured, ANCHOR_GBS)  # never a lower floor than the issue's anchors use
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    how = os.environ.get("FLUSH", "zero")
+    flush = flusher(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"), how)
     names = list(kernels)
-    print(f"copy bandwidth {measured:.0f} GB/s measured, floor at {bw:.0f} GB/s; GPU us (graph replay, L2 flushed, median of 20) / eager us")
+    print(f"copy bandwidth {measured:.0f} GB/s measured, floor at {bw:.0f} GB/s; GPU us (graph replay, "
+          f"L2 flushed by a {how}, median of 20) / eager us")
     print(f"{'bs/seqlen':<11}{'floor':>7}" + "".join(f"{n[:14]:>22}" for n in names) + f"{'% floor (last)':>16}{'peer us':>9}")
     geo = {n: [] for n in names}
     for bs, s in CASES:

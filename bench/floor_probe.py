@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import torch
 
-from decode_table import ANCHOR_GBS, CASES, D, H, event_median  # same cases, floor and timing
+from decode_table import ANCHOR_GBS, CASES, D, H, event_median, flusher  # same cases, floor and timing
 
 
 def main() -> None:
     big = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     sink = torch.empty(1, dtype=torch.int64, device="cuda")
-    flushes = {"zero_ flush": big.zero_, "read flush": lambda: torch.sum(big.view(torch.int64), out=sink)}
+    flushes = {"zero_ flush": flusher(big, "zero"), "read flush": flusher(big, "read")}
     tiny = torch.zeros(1, device="cuda")
     print(f"{'bs/seqlen':<10}{'floor us':>9}" + "".join(f"{f + ': empty / read us / % floor':>40}" for f in flushes))
     for bs, s in CASES:

@@ -8,6 +8,9 @@
 #   bash bench/gpu_check.sh more    an offline run on each of the other packages (issue 6)
 #   bash bench/gpu_check.sh two     on two GPUs: run on GPU 0; on GPU 1 the TileLang and prefill
 #                                   re-checks, then more
+#   bash bench/gpu_check.sh probe   on two GPUs: floor probe and decode table under both L2 flushes
+#                                   on GPU 0; host noise, the strategy kernels of the other
+#                                   packages and a repeated evaluation on GPU 1
 #
 # Reads the seed package from .seed/, py3.12 wheels from .whl/ and TileLang from .tl/tl.tar.xz
 # (see docs/gpu.md). env: RUN_LANG=cuda|triton, RUN_LIMIT=seconds (run), MORE_LIMIT=seconds (more),
@@ -129,8 +132,34 @@ recheck() {  # what the check stage found broken, once fixed: TileLang, the pref
   echo "pytest recheck: $(tail -1 "$OUT/pytest-recheck.log")"
 }
 
+probe_decode() {  # issue 5: what the timing method leaves reachable, and the strategies under both flushes
+  timeout 100 python3 bench/floor_probe.py > "$OUT/decode_table.txt" 2>&1
+  for how in zero read; do
+    FLUSH=$how timeout 150 python3 bench/decode_table.py agent/strategies/paged_decode/splitkv{_gqa.py,_fused.py,.cu} \
+      >> "$OUT/decode_table.txt" 2>&1
+  done
+}
+
+probe_rest() {  # issues 2 and 6: host speed between processes; new strategies at their defaults; one kernel twice
+  timeout 150 python3 bench/host_noise.py 5 > "$OUT/host_noise.log" 2>&1
+  ev ragged_prefill-strategy tasks/ragged_prefill_task_package agent/strategies/ragged_prefill/flash_prefill.py
+  ev fused_moe-strategy tasks/fused_moe_task_package agent/strategies/fused_moe/grouped_moe.py
+  ev ours-triton "$OURS" "$OURS/starter/decode_triton.py"
+  ev ours-triton-again "$OURS" "$OURS/starter/decode_triton.py"
+  cat "$OUT/host_noise.log"
+}
+
 case "$STAGE" in
   run) decode_run ;;
+  probe)
+    (sleep "${DEADLINE:-540}"; pkill -f "optagent.cli|decode_table|floor_probe|host_noise") > /dev/null 2>&1 &
+    watchdog=$!
+    (export CUDA_VISIBLE_DEVICES=0; probe_decode) > "$OUT/lane0.log" 2>&1 &
+    lane0=$!
+    (export CUDA_VISIBLE_DEVICES=1; probe_rest) > "$OUT/lane1.log" 2>&1
+    wait "$lane0"
+    kill "$watchdog" 2>/dev/null
+    cat "$OUT/lane1.log" "$OUT/lane0.log" ;;
   more) more_runs ;;
   two)  # two GPUs: the decode run alone on GPU 0; the rest on GPU 1
     python3 -c "from optagent.bench import measured_bandwidth_gbs as m; print(f'copy bandwidth {m():.0f} GB/s')"
