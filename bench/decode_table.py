@@ -42,7 +42,7 @@ def load(path: Path):
         from optagent.backends.cuda import CudaBackend
 
         backend = CudaBackend("cuda", None, 300)
-        backend.prepare(path, Path(tempfile.mkdtemp(prefix="decode_table_")))
+        backend.prepare(path.resolve(), Path(tempfile.mkdtemp(prefix="decode_table_")))
         fn = backend.load_fresh(path.stem)
         fn.legacy_stream = True  # launches on the default stream: not capturable, timed with events
         return fn
@@ -74,8 +74,8 @@ def make(bs: int, s: int):
 def flusher(buf: torch.Tensor, how: str) -> Callable[[], None]:
     """L2 flush by writing buf (dirty lines left behind) or by reading it (clean lines)."""
     if how == "read":
-        sink = torch.empty(1, dtype=torch.int64, device=buf.device)
-        return lambda: torch.sum(buf.view(torch.int64), out=sink)
+        sink = torch.empty((), dtype=torch.int64, device=buf.device)
+        return lambda: torch.sum(buf.view(torch.int64), dim=0, out=sink)
     return buf.zero_
 
 

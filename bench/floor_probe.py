@@ -18,7 +18,7 @@ from decode_table import ANCHOR_GBS, CASES, D, H, event_median, flusher  # same 
 
 def main() -> None:
     big = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    sink = torch.empty(1, dtype=torch.int64, device="cuda")
+    sink = torch.empty((), dtype=torch.int64, device="cuda")
     flushes = {"zero_ flush": flusher(big, "zero"), "read flush": flusher(big, "read")}
     tiny = torch.zeros(1, device="cuda")
     print(f"{'bs/seqlen':<10}{'floor us':>9}" + "".join(f"{f + ': empty / read us / % floor':>40}" for f in flushes))
@@ -29,7 +29,7 @@ def main() -> None:
         row = f"{bs}/{s // 1024}k".ljust(10) + f"{floor:9.1f}"
         for flush in flushes.values():
             empty = event_median(lambda: tiny.add_(1), flush, reps=30)
-            read = event_median(lambda: torch.sum(data, out=sink), flush, reps=30)
+            read = event_median(lambda: torch.sum(data, dim=0, out=sink), flush, reps=30)
             row += f"{empty:14.1f} /{read:10.1f} /{100 * floor / read:8.0f}%   "
         print(row)
 
