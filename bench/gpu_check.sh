@@ -4,17 +4,15 @@
 #
 #   bash bench/gpu_check.sh check   starters of every package (timed ones serially, the rest side by side),
 #                                   repeatability, TileLang end to end, pytest -m gpu
-#   bash bench/gpu_check.sh run     the offline run on the decode task (issue 5) and its table
+#   bash bench/gpu_check.sh run     the offline run on the decode task (issue 5) and its tables
 #   bash bench/gpu_check.sh more    an offline run on each of the other packages (issue 6)
-#   bash bench/gpu_check.sh two     on two GPUs: run on GPU 0; on GPU 1 the TileLang and prefill
-#                                   re-checks, then more
-#   bash bench/gpu_check.sh probe   on two GPUs: floor probe and decode table under both L2 flushes
-#                                   on GPU 0; host noise, the strategy kernels of the other
-#                                   packages and a repeated evaluation on GPU 1
+#   LANE0="decode_run decode_tables" LANE1="pkg_run:fused_moe:150 repeat" bash bench/gpu_check.sh lanes
+#                                   on two GPUs: the steps of LANE0 on GPU 0, those of LANE1 on
+#                                   GPU 1 (steps: the functions below, arguments after colons)
 #
 # Reads the seed package from .seed/, py3.12 wheels from .whl/ and TileLang from .tl/tl.tar.xz
 # (see docs/gpu.md). env: RUN_LANG=cuda|triton, RUN_LIMIT=seconds (run), MORE_LIMIT=seconds (more),
-# TL_LIMIT=seconds (the TileLang run), DEADLINE=seconds (two).
+# TL_LIMIT=seconds (the TileLang run), DEADLINE=seconds (lanes).
 set -uo pipefail
 STAGE=${1:-check}
 OUT=${OUT:-/tmp/optagent-out}
@@ -93,7 +91,7 @@ if [ "$STAGE" = check ]; then  # one GPU
   for f in "$OUT"/pytest-gpu*.log; do echo "$(basename "$f"): $(tail -1 "$f")"; grep -E "^(FAILED|ERROR)" "$f" | head; done
 fi
 
-decode_run() {  # issue 5: the offline run on the decode task, then its table
+decode_run() {  # issue 5: the offline run on the decode task
   start=$(date +%s)
   oa run "$OURS" --language "${RUN_LANG:-cuda}" --time-limit "${RUN_LIMIT:-420}" > "$OUT/run.log" 2>&1
   echo "run: exit $?"
@@ -101,76 +99,57 @@ decode_run() {  # issue 5: the offline run on the decode task, then its table
   oa leaderboard --diff > "$OUT/leaderboard.log" 2>&1
   for d in "$OPTAGENT_RUNS_DIR"/*/; do oa show "$(basename "$d")" >> "$OUT/run.log" 2>&1; done
   tail -40 "$OUT/run.log"
-  timeout 150 python3 bench/decode_table.py agent/strategies/paged_decode/splitkv{_gqa.py,_fused.py,.cu} \
-    "$OPTAGENT_RUNS_DIR"/*/best/kernel.* > "$OUT/decode_table.txt" 2>&1
-  timeout 90 python3 bench/floor_probe.py >> "$OUT/decode_table.txt" 2>&1
 }
 
-more_runs() {  # issue 6: an offline run on each of the other packages, starter and best per case
-  for m in $MORE; do
-    start=$(date +%s)
-    oa run "tasks/${m}_task_package" --language triton --time-limit "${MORE_LIMIT:-120}" --patience 4 \
-      > "$OUT/run-$m.log" 2>&1
-    echo "$m run: exit $? in $(( $(date +%s) - start )) s"
-  done
-  for d in "$OPTAGENT_RUNS_DIR"/*/; do
-    id=$(basename "$d")
-    { oa show "$id"; oa show "$id" --step 0; } >> "$OUT/more-runs.log" 2>&1
-  done
-  oa leaderboard >> "$OUT/more-runs.log" 2>&1
-}
-
-recheck() {  # what the check stage found broken, once fixed: TileLang, the prefill package
-  untar_tl
-  ev seed-tilelang "$SEED" "$SEED/starter/smoke_test-Tilelang.txt" &
-  ev ragged_prefill-py tasks/ragged_prefill_task_package tasks/ragged_prefill_task_package/starter/prefill_triton.py &
-  ev ragged_prefill-cu tasks/ragged_prefill_task_package tasks/ragged_prefill_task_package/starter/prefill_cuda.cu &
-  timeout 200 python3 -m pytest -q -m gpu tests/test_fresh_load.py tests/test_integrity.py -k "tilelang or floor or honest" \
-    > "$OUT/pytest-recheck.log" 2>&1 &
-  tilelang_run
-  wait
-  echo "pytest recheck: $(tail -1 "$OUT/pytest-recheck.log")"
-}
-
-probe_decode() {  # issue 5: what the timing method leaves reachable, and the strategies under both flushes
-  timeout 100 python3 bench/floor_probe.py > "$OUT/decode_table.txt" 2>&1
+decode_tables() {  # issue 5: floor probe, then strategies (and this lane's best kernels) under both L2 flushes
+  timeout 100 python3 bench/floor_probe.py >> "$OUT/decode_table.txt" 2>&1
   for how in zero read; do
     FLUSH=$how timeout 150 python3 bench/decode_table.py agent/strategies/paged_decode/splitkv{_gqa.py,_fused.py,.cu} \
-      >> "$OUT/decode_table.txt" 2>&1
+      $(ls "$OPTAGENT_RUNS_DIR"/*/best/kernel.* 2>/dev/null) >> "$OUT/decode_table.txt" 2>&1
   done
 }
 
-probe_rest() {  # issues 2 and 6: host speed between processes; new strategies at their defaults; one kernel twice
+pkg_run() {  # pkg_run NAME SECONDS: issue 6, an offline run on tasks/NAME_task_package; starter and best per case
+  local m=$1 start; start=$(date +%s)
+  OPTAGENT_RUNS_DIR="$OUT/runs-$m" timeout $(( $2 + 300 )) python3 -m optagent.cli run "tasks/${m}_task_package" \
+    --language triton --time-limit "$2" --patience 4 > "$OUT/run-$m.log" 2>&1
+  echo "$m run: exit $? in $(( $(date +%s) - start )) s"
+  for d in "$OUT/runs-$m"/*/; do
+    OPTAGENT_RUNS_DIR="$OUT/runs-$m" oa show "$(basename "$d")" >> "$OUT/more-runs.log" 2>&1
+    OPTAGENT_RUNS_DIR="$OUT/runs-$m" oa show "$(basename "$d")" --step 0 >> "$OUT/more-runs.log" 2>&1
+  done
+}
+
+repeat() {  # issue 2: each decode starter evaluated twice, one after the other
+  for lang in triton cuda; do
+    local k; k=$(ls "$OURS"/starter/decode_"$lang".*)
+    ev "ours-$lang" "$OURS" "$k"
+    ev "ours-$lang-again" "$OURS" "$k"
+  done
+}
+
+host_noise() {  # issue 2: host speed between fresh processes
   timeout 150 python3 bench/host_noise.py 5 > "$OUT/host_noise.log" 2>&1
-  ev ragged_prefill-strategy tasks/ragged_prefill_task_package agent/strategies/ragged_prefill/flash_prefill.py
-  ev fused_moe-strategy tasks/fused_moe_task_package agent/strategies/fused_moe/grouped_moe.py
-  ev ours-triton "$OURS" "$OURS/starter/decode_triton.py"
-  ev ours-triton-again "$OURS" "$OURS/starter/decode_triton.py"
   cat "$OUT/host_noise.log"
 }
 
+lanes() {  # LANE0 and LANE1: steps run one after another on GPU 0 and GPU 1 (a step: function[:arg[:arg]])
+  # whatever still runs at DEADLINE seconds is stopped, so that the logs always come back
+  (sleep "${DEADLINE:-540}"; pkill -f "optagent.cli|decode_table|floor_probe|host_noise|pytest") > /dev/null 2>&1 &
+  local watchdog=$! lane0
+  (export CUDA_VISIBLE_DEVICES=0; for s in ${LANE0:-}; do IFS=: read -ra a <<< "$s"; "${a[@]}"; done) \
+    > "$OUT/lane0.log" 2>&1 &
+  lane0=$!
+  (export CUDA_VISIBLE_DEVICES=1 OPTAGENT_RUNS_DIR="$OUT/runs-1"
+   for s in ${LANE1:-}; do IFS=: read -ra a <<< "$s"; "${a[@]}"; done) > "$OUT/lane1.log" 2>&1
+  wait "$lane0"
+  kill "$watchdog" 2>/dev/null
+  cat "$OUT/lane1.log" "$OUT/lane0.log"
+}
+
 case "$STAGE" in
-  run) decode_run ;;
-  probe)
-    (sleep "${DEADLINE:-540}"; pkill -f "optagent.cli|decode_table|floor_probe|host_noise") > /dev/null 2>&1 &
-    watchdog=$!
-    (export CUDA_VISIBLE_DEVICES=0; probe_decode) > "$OUT/lane0.log" 2>&1 &
-    lane0=$!
-    (export CUDA_VISIBLE_DEVICES=1; probe_rest) > "$OUT/lane1.log" 2>&1
-    wait "$lane0"
-    kill "$watchdog" 2>/dev/null
-    cat "$OUT/lane1.log" "$OUT/lane0.log" ;;
-  more) more_runs ;;
-  two)  # two GPUs: the decode run alone on GPU 0; the rest on GPU 1
-    python3 -c "from optagent.bench import measured_bandwidth_gbs as m; print(f'copy bandwidth {m():.0f} GB/s')"
-    # whatever still runs at DEADLINE seconds is stopped, so that the logs always come back
-    (sleep "${DEADLINE:-540}"; pkill -f "optagent.cli|decode_table|pytest") > /dev/null 2>&1 &
-    watchdog=$!
-    (export CUDA_VISIBLE_DEVICES=0; decode_run) > "$OUT/lane0.log" 2>&1 &
-    lane0=$!
-    (export CUDA_VISIBLE_DEVICES=1 OPTAGENT_RUNS_DIR="$OUT/runs-more"; recheck; more_runs) > "$OUT/lane1.log" 2>&1
-    wait "$lane0"
-    kill "$watchdog" 2>/dev/null
-    cat "$OUT/lane1.log" "$OUT/lane0.log" ;;
+  run) decode_run; decode_tables ;;
+  more) for m in $MORE; do pkg_run "$m" "${MORE_LIMIT:-120}"; done ;;
+  lanes) lanes ;;
 esac
 finish

@@ -21,13 +21,17 @@ def main(out: Path) -> None:
             print(f"  {c['case']:<9}{c['status']:<14}{_f(c.get('rel_err'), '.1e'):>9}{_f(c.get('time_us')):>11}"
                   f"{_f(c.get('gpu_us')):>10}{_f(c.get('baseline_us')):>10}{_f(c.get('speedup'), '.2f'):>9}"
                   f"{_f(fl):>10}{_f(pct, '.0f'):>8}{_f(c.get('load_ms'), '.0f'):>9}")
-    if "ours-triton" in results and "ours-triton-again" in results:
-        a = {c["case"]: c for c in results["ours-triton"]["cases"]}
-        b = {c["case"]: c for c in results["ours-triton-again"]["cases"]}
-        diffs = [abs(a[k]["time_us"] / b[k]["time_us"] - 1) for k in a if a[k].get("time_us") and b.get(k, {}).get("time_us")]
-        if diffs:
-            print(f"\nrepeatability (ours-triton twice): max per-case eager median difference {100 * max(diffs):.1f}%, "
-                  f"mean {100 * sum(diffs) / len(diffs):.1f}%")
+    for name in results:  # NAME and NAME-again: the same kernel evaluated twice
+        again = results.get(f"{name}-again")
+        if again is None:
+            continue
+        a = {c["case"]: c for c in results[name]["cases"]}
+        for key in ("time_us", "gpu_us"):
+            diffs = [abs(a[c["case"]][key] / c[key] - 1) for c in again["cases"]
+                     if c.get(key) and a.get(c["case"], {}).get(key)]
+            if diffs:
+                print(f"repeatability ({name} twice), {key}: max per-case median difference {100 * max(diffs):.1f}%, "
+                      f"mean {100 * sum(diffs) / len(diffs):.1f}%")
     print("\n" + f"{'evaluation':<22}{'status':<15}{'geomean':>9}{'wall s':>8}{'cases':>7}")
     for name, r in results.items():
         t = out / f"{name}.time"

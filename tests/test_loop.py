@@ -77,7 +77,7 @@ def make_run(tmp_path, task_dir):
 
 
 def test_faster_candidate_is_accepted_after_back_to_back_retime(make_run):
-    ev = ScriptedEvaluator({"starter": [100.0], "fast": [50.0]})
+    ev = ScriptedEvaluator({"starter": [100.0], "fast": [85.0]})
     store, loop = make_run(ScriptedPlanner(["fast"]), ev)
     state = loop.run()
     assert state.status is RunStatus.EXHAUSTED
@@ -87,6 +87,21 @@ def test_faster_candidate_is_accepted_after_back_to_back_retime(make_run):
     assert "re-timed back to back" in steps[1].retime_note
     assert store.best()[0] == "fast"
     assert (store.path / "best" / "diff.patch").read_text().count("+fast") == 1
+
+
+def test_a_gain_far_above_noise_is_accepted_without_retime(make_run):
+    ev = ScriptedEvaluator({"starter": [100.0], "fast": [50.0]}, spread=0.05)
+    store, loop = make_run(ScriptedPlanner(["fast"]), ev)
+    loop.run()
+    step = store.steps()[1]
+    assert step.outcome is StepOutcome.ACCEPTED and ev.calls == ["starter", "fast"]
+    assert "not re-timed" in step.retime_note and store.best()[0] == "fast"
+    # the same gain with a 40% spread is within reach of noise (3 x spread): re-timed, and lost
+    ev = ScriptedEvaluator({"starter": [100.0], "fast": [50.0, 90.0]}, spread=0.4)
+    store, loop = make_run(ScriptedPlanner(["fast"]), ev)
+    loop.run()
+    assert ev.calls == ["starter", "fast", "starter", "fast"]
+    assert store.steps()[1].outcome is StepOutcome.NOT_BETTER and store.best()[0] == "starter"
 
 
 def test_gain_within_noise_is_not_accepted(make_run):
