@@ -57,39 +57,6 @@ finish() {
   true
 }
 
-if [ "$STAGE" = check ]; then  # one GPU
-  untar_tl &
-  n=0
-  for p in "$OURS" "$SEED" $(for m in $MORE; do echo "tasks/${m}_task_package"; done); do
-    n=$((n + 1)); oa task validate "$p" > "$OUT/validate-$n.log" 2>&1 &
-  done
-  wait  # TileLang unpacked, packages validated
-  cat "$OUT"/validate-*.log
-  python3 -c "import tilelang; print('tilelang', tilelang.__version__)" >> "$OUT/gpu.txt" 2>&1
-  # timed serially: seconds per candidate and repeatability
-  ev ours-triton "$OURS" "$OURS/starter/decode_triton.py"
-  ev ours-triton-again "$OURS" "$OURS/starter/decode_triton.py"
-  ev ours-cuda "$OURS" "$OURS/starter/decode_cuda.cu"
-  ev seed-triton "$SEED" "$SEED/starter/smoke_test-Triton.txt"
-  ev seed-cuda "$SEED" "$SEED/starter/smoke_test-CUDAMaca.txt"
-  # correctness only, side by side: GPU tests, cross-package starters, the other packages, TileLang
-  IGNORE="--ignore=tests/test_llm_planner.py --ignore=tests/test_edits.py"
-  timeout 330 python3 -m pytest -q -m gpu tests/test_integrity.py > "$OUT/pytest-gpu-integrity.log" 2>&1 &
-  timeout 330 python3 -m pytest -q -m gpu tests $IGNORE --ignore=tests/test_integrity.py > "$OUT/pytest-gpu.log" 2>&1 &
-  {
-    echo "ours-triton-on-seed $SEED $OURS/starter/decode_triton.py"
-    echo "ours-cuda-on-seed $SEED $OURS/starter/decode_cuda.cu"
-    echo "seed-triton-on-ours $OURS $SEED/starter/smoke_test-Triton.txt"
-    echo "seed-cuda-on-ours $OURS $SEED/starter/smoke_test-CUDAMaca.txt"
-    echo "seed-tilelang $SEED $SEED/starter/smoke_test-Tilelang.txt"
-    for m in $MORE; do
-      for k in tasks/${m}_task_package/starter/*; do echo "$m-${k##*.} tasks/${m}_task_package $k"; done
-    done
-  } | timeout 320 xargs -P 4 -L 1 bash -c 'ev "$@"' _ &
-  tilelang_run
-  wait
-  for f in "$OUT"/pytest-gpu*.log; do echo "$(basename "$f"): $(tail -1 "$f")"; grep -E "^(FAILED|ERROR)" "$f" | head; done
-fi
 
 decode_run() {  # issue 5: the offline run on the decode task
   start=$(date +%s)
@@ -128,6 +95,16 @@ repeat() {  # issue 2: each decode starter evaluated twice, one after the other
   done
 }
 
+gpu_tests() {  # pytest -m gpu: the integrity file and the rest, side by side
+  IGNORE="--ignore=tests/test_llm_planner.py --ignore=tests/test_edits.py"
+  timeout 330 python3 -m pytest -q -m gpu tests/test_integrity.py > "$OUT/pytest-gpu-integrity.log" 2>&1 &
+  timeout 330 python3 -m pytest -q -m gpu tests $IGNORE --ignore=tests/test_integrity.py > "$OUT/pytest-gpu.log" 2>&1
+  wait
+  for f in "$OUT"/pytest-gpu*.log; do echo "$(basename "$f"): $(tail -1 "$f")"; grep -E "^(FAILED|ERROR)" "$f" | head; done
+}
+
+pause() { sleep "$1"; }  # keeps a lane's work off the other lane's timed evaluations
+
 host_noise() {  # issue 2: host speed between fresh processes
   timeout 150 python3 bench/host_noise.py 5 > "$OUT/host_noise.log" 2>&1
   cat "$OUT/host_noise.log"
@@ -147,7 +124,40 @@ lanes() {  # LANE0 and LANE1: steps run one after another on GPU 0 and GPU 1 (a 
   cat "$OUT/lane1.log" "$OUT/lane0.log"
 }
 
+check_all() {  # one GPU: the check stage
+  untar_tl &
+  n=0
+  for p in "$OURS" "$SEED" $(for m in $MORE; do echo "tasks/${m}_task_package"; done); do
+    n=$((n + 1)); oa task validate "$p" > "$OUT/validate-$n.log" 2>&1 &
+  done
+  wait  # TileLang unpacked, packages validated
+  cat "$OUT"/validate-*.log
+  python3 -c "import tilelang; print('tilelang', tilelang.__version__)" >> "$OUT/gpu.txt" 2>&1
+  # timed serially: seconds per candidate and repeatability
+  ev ours-triton "$OURS" "$OURS/starter/decode_triton.py"
+  ev ours-triton-again "$OURS" "$OURS/starter/decode_triton.py"
+  ev ours-cuda "$OURS" "$OURS/starter/decode_cuda.cu"
+  ev seed-triton "$SEED" "$SEED/starter/smoke_test-Triton.txt"
+  ev seed-cuda "$SEED" "$SEED/starter/smoke_test-CUDAMaca.txt"
+  # correctness only, side by side: GPU tests, cross-package starters, the other packages, TileLang
+  gpu_tests > "$OUT/gpu-tests.log" 2>&1 &
+  {
+    echo "ours-triton-on-seed $SEED $OURS/starter/decode_triton.py"
+    echo "ours-cuda-on-seed $SEED $OURS/starter/decode_cuda.cu"
+    echo "seed-triton-on-ours $OURS $SEED/starter/smoke_test-Triton.txt"
+    echo "seed-cuda-on-ours $OURS $SEED/starter/smoke_test-CUDAMaca.txt"
+    echo "seed-tilelang $SEED $SEED/starter/smoke_test-Tilelang.txt"
+    for m in $MORE; do
+      for k in tasks/${m}_task_package/starter/*; do echo "$m-${k##*.} tasks/${m}_task_package $k"; done
+    done
+  } | timeout 320 xargs -P 4 -L 1 bash -c 'ev "$@"' _ &
+  tilelang_run
+  wait
+  cat "$OUT/gpu-tests.log"
+}
+
 case "$STAGE" in
+  check) check_all ;;
   run) decode_run; decode_tables ;;
   more) for m in $MORE; do pkg_run "$m" "${MORE_LIMIT:-120}"; done ;;
   lanes) lanes ;;
