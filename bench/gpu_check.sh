@@ -124,23 +124,17 @@ lanes() {  # LANE0 and LANE1: steps run one after another on GPU 0 and GPU 1 (a 
   cat "$OUT/lane1.log" "$OUT/lane0.log"
 }
 
-check_all() {  # one GPU: the check stage
-  untar_tl &
-  n=0
+validate_all() {  # optagent task validate on every package, side by side
+  local n=0
   for p in "$OURS" "$SEED" $(for m in $MORE; do echo "tasks/${m}_task_package"; done); do
     n=$((n + 1)); oa task validate "$p" > "$OUT/validate-$n.log" 2>&1 &
   done
-  wait  # TileLang unpacked, packages validated
+  wait
   cat "$OUT"/validate-*.log
-  python3 -c "import tilelang; print('tilelang', tilelang.__version__)" >> "$OUT/gpu.txt" 2>&1
-  # timed serially: seconds per candidate and repeatability
-  ev ours-triton "$OURS" "$OURS/starter/decode_triton.py"
-  ev ours-triton-again "$OURS" "$OURS/starter/decode_triton.py"
-  ev ours-cuda "$OURS" "$OURS/starter/decode_cuda.cu"
-  ev seed-triton "$SEED" "$SEED/starter/smoke_test-Triton.txt"
-  ev seed-cuda "$SEED" "$SEED/starter/smoke_test-CUDAMaca.txt"
-  # correctness only, side by side: GPU tests, cross-package starters, the other packages, TileLang
-  gpu_tests > "$OUT/gpu-tests.log" 2>&1 &
+}
+
+starters() {  # correctness, four at a time: starters across the decode packages, the other packages' starters
+  untar_tl
   {
     echo "ours-triton-on-seed $SEED $OURS/starter/decode_triton.py"
     echo "ours-cuda-on-seed $SEED $OURS/starter/decode_cuda.cu"
@@ -150,7 +144,23 @@ check_all() {  # one GPU: the check stage
     for m in $MORE; do
       for k in tasks/${m}_task_package/starter/*; do echo "$m-${k##*.} tasks/${m}_task_package $k"; done
     done
-  } | timeout 320 xargs -P 4 -L 1 bash -c 'ev "$@"' _ &
+  } | timeout 320 xargs -P 4 -L 1 bash -c 'ev "$@"' _
+}
+
+check_all() {  # one GPU: the check stage
+  untar_tl &
+  validate_all
+  wait  # TileLang unpacked
+  python3 -c "import tilelang; print('tilelang', tilelang.__version__)" >> "$OUT/gpu.txt" 2>&1
+  # timed serially: seconds per candidate and repeatability
+  ev ours-triton "$OURS" "$OURS/starter/decode_triton.py"
+  ev ours-triton-again "$OURS" "$OURS/starter/decode_triton.py"
+  ev ours-cuda "$OURS" "$OURS/starter/decode_cuda.cu"
+  ev seed-triton "$SEED" "$SEED/starter/smoke_test-Triton.txt"
+  ev seed-cuda "$SEED" "$SEED/starter/smoke_test-CUDAMaca.txt"
+  # correctness only, side by side: GPU tests, cross-package starters, the other packages, TileLang
+  gpu_tests > "$OUT/gpu-tests.log" 2>&1 &
+  starters &
   tilelang_run
   wait
   cat "$OUT/gpu-tests.log"
