@@ -200,34 +200,56 @@ class Timer:
         return self._event_times(lambda i: graphs[i % len(graphs)].replay()), None
 
 
-def measured_bandwidth_gbs() -> float:
-    """Device-to-device copy bandwidth (read + write), measured once per GPU model and cached."""
+def _measured_once(file: str, measure: Callable[[], float]) -> float:
+    """measure() once per GPU model, cached in OPTAGENT_CACHE (default ~/.cache/optagent)/file."""
     name = torch.cuda.get_device_name(0)
     root = Path(os.environ.get("OPTAGENT_CACHE", Path.home() / ".cache" / "optagent"))
-    path = root / "bandwidth.json"
+    path = root / file
     cache = json.loads(path.read_text()) if path.exists() else {}
     if name in cache:
         return float(cache[name])
-    n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    start, end = _Event(enable_timing=True), _Event(enable_timing=True)
-    times = []
-    for _ in range(10):
-        _record(start)
-        b.copy_(a)
-        _record(end)
-        _synchronize()
-        times.append(_elapsed_time(start, end) / 1e3)
-    gbs = 2 * n / statistics.median(times) / 1e9
-    cache[name] = gbs
+    cache[name] = value = measure()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(cache))
     os.replace(tmp, path)
-    return gbs
+    return value
+
+
+def _median_s(call: Callable[[], None], warmup: int = 3, reps: int = 10) -> float:
+    for _ in range(warmup):
+        call()
+    start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        _record(start)
+        call()
+        _record(end)
+        _synchronize()
+        times.append(_elapsed_time(start, end) / 1e3)
+    return statistics.median(times)
+
+
+def measured_bandwidth_gbs() -> float:
+    """Device-to-device copy bandwidth (read + write), measured once per GPU model and cached."""
+    def measure() -> float:
+        a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+        b = torch.empty_like(a)
+        return 2 * a.numel() / _median_s(lambda: b.copy_(a)) / 1e9
+    return _measured_once("bandwidth.json", measure)
+
+
+def measured_matmul_tflops() -> float:
+    """Dense bf16 matrix-product rate of the framework's GEMM on random data (8192^3), measured
+    once per GPU model and cached: the compute ceiling behind the floor of compute-bound cases."""
+    def measure() -> float:
+        n = 8192
+        g = torch.Generator(device="cuda").manual_seed(0)
+        a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda", generator=g)
+        b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda", generator=g)
+        c = torch.empty_like(a)
+        return 2 * n**3 / _median_s(lambda: torch.mm(a, b, out=c)) / 1e12
+    return _measured_once("matmul.json", measure)
 
 
 def gpu_facts() -> dict:

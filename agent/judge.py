@@ -93,10 +93,12 @@ def _verdict(rt: TaskRuntime, case: CaseSpec, sample: dict) -> dict:
 def judge(job: Job, chan: Channel) -> None:
     rt = TaskRuntime(job.task_dir, job.device)
     bandwidth: Optional[float] = None
-    if job.device == "cuda" and rt.hooks is not None and hasattr(rt.hooks, "bytes_moved"):
-        from .bench import measured_bandwidth_gbs
+    tflops: Optional[float] = None
+    if job.device == "cuda" and rt.hooks is not None:
+        from .bench import measured_bandwidth_gbs, measured_matmul_tflops
 
-        bandwidth = measured_bandwidth_gbs()
+        bandwidth = measured_bandwidth_gbs() if hasattr(rt.hooks, "bytes_moved") else None
+        tflops = measured_matmul_tflops() if hasattr(rt.hooks, "flops") else None
     for case in job.cases:
         samples = job.samples.get(case.label, [])
         worst: Optional[dict] = None
@@ -110,12 +112,15 @@ def judge(job: Job, chan: Channel) -> None:
             if v["status"] != "PASSED":
                 worst = v
                 break
-        floor_us = None
-        if bandwidth and samples:
+        floors: dict = {"floor_us": None, "compute_floor_us": None}
+        if (bandwidth or tflops) and samples:
             args, _ = _rebuild(rt, case, samples[0])
-            floor_us = rt.hooks.bytes_moved(args) / (bandwidth * 1e3)
+            if bandwidth:
+                floors["floor_us"] = rt.hooks.bytes_moved(args) / (bandwidth * 1e3)
+            if tflops:
+                floors["compute_floor_us"] = rt.hooks.flops(args) / (tflops * 1e6)
         result = worst or {"status": "PASSED"}
-        chan.send("verdict", case=case.label, **{**agg, **result}, floor_us=floor_us)
+        chan.send("verdict", case=case.label, **{**agg, **result}, **floors)
     chan.send("done")
 
 

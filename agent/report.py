@@ -157,7 +157,7 @@ def run_page(store: RunStore) -> RunPage:
     if best_result:
         for c in best_result.cases:
             case_rows.append(CaseRow(c.case, c.kind.value, c.sizes or "", c.status.value, c.time_us, c.gpu_us,
-                                     c.baseline_us, c.speedup, c.floor_us, c.pct_of_floor,
+                                     c.baseline_us, c.speedup, c.hw_floor_us, c.pct_of_floor,
                                      starter_times.get(c.case), c.rel_err, c.tolerance))
     pcts = [c.pct_of_floor for c in (best_result.timed if best_result else []) if c.pct_of_floor]
 

@@ -216,23 +216,24 @@ def case_chart(result: EvalResult, cpu: bool, width: int = 1000, height: int = 3
     n_lines = max(len(v) for v in wrapped.values())
     height += 13 * n_lines
     bottom = height - 34 - 13 * n_lines
-    values = [v for c in cases for v in (c.time_us, c.baseline_us, c.floor_us) if v]
+    values = [v for c in cases for v in (c.time_us, c.baseline_us, c.hw_floor_us) if v]
     ys = value_scale(values, bottom, top, log_above=20, headroom=1.05)
     unit = " µs (CPU interpreter)" if cpu else " µs"
-    have_floor = any(c.floor_us for c in cases)
+    have_floor = any(c.hw_floor_us for c in cases)
     series = SERIES if have_floor else SERIES[:2]
     bar_w = min(26.0, group_w * 0.8 / len(series))
     groups = []
     for i, c in enumerate(cases):
         cx = left + group_w * (i + 0.5)
         bars = []
-        for j, ((name, color), v) in enumerate(zip(series, (c.time_us, c.baseline_us, c.floor_us))):
+        for j, ((name, color), v) in enumerate(zip(series, (c.time_us, c.baseline_us, c.hw_floor_us))):
             if not v:
                 continue
             x = cx + (j - len(series) / 2) * bar_w
             y = ys(v)
             what = {"best kernel": "best kernel", "baseline": f"baseline ({result.baseline_label or 'reference'})",
-                    "hardware floor": "hardware floor (bytes / measured bandwidth)"}[name]
+                    "hardware floor": f"hardware floor ({c.bound}-bound: the larger of bytes / measured bandwidth "
+                                      "and flops / measured matmul rate)"}[name]
             bars.append(Bar(x + 1, y, bar_w - 2, max(bottom - y, 0.5), color, name,
                             f"case {c.case} ({c.sizes or 'sizes unknown'})\n{what}: {us(v)}{unit}"))
         top_y = min((b.y for b in bars), default=bottom)

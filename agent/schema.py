@@ -100,6 +100,7 @@ class CaseResult(Record):
     time: Optional[Timing] = None
     baseline: Optional[Timing] = None
     floor_us: Optional[float] = None  # bytes moved / measured bandwidth
+    compute_floor_us: Optional[float] = None  # useful flops / measured bf16 matmul rate
     load_ms: Optional[float] = None  # cost of loading a fresh copy of the candidate
     timing_kind: Optional[Literal["cuda", "cpu-interpreter", "cpu"]] = None
 
@@ -111,9 +112,22 @@ class CaseResult(Record):
         return None
 
     @property
+    def hw_floor_us(self) -> Optional[float]:
+        """The larger of the memory and the compute floor: no kernel runs much faster."""
+        floors = [f for f in (self.floor_us, self.compute_floor_us) if f]
+        return max(floors) if floors else None
+
+    @property
+    def bound(self) -> Optional[str]:
+        """Which floor is the larger: "memory" or "compute"."""
+        if not self.hw_floor_us:
+            return None
+        return "compute" if self.compute_floor_us == self.hw_floor_us else "memory"
+
+    @property
     def pct_of_floor(self) -> Optional[float]:
-        if self.floor_us and self.time_us:
-            return 100.0 * self.floor_us / min(self.time_us, self.gpu_us or self.time_us)
+        if self.hw_floor_us and self.time_us:
+            return 100.0 * self.hw_floor_us / min(self.time_us, self.gpu_us or self.time_us)
         return None
 
     @model_validator(mode="after")

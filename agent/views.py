@@ -42,7 +42,7 @@ def eval_table(result: EvalResult, title: Optional[str] = None) -> Table:
     for c in result.cases:
         t.add_row(c.case, c.sizes or "", f"[{STATUS_STYLE[c.status]}]{c.status.value}[/]", fmt(c.rel_err, ".1e"),
                   fmt(c.time_us), fmt(c.gpu_us), fmt(c.baseline_us), fmt(c.speedup, ".2f", "x"),
-                  fmt(c.pct_of_floor, ".0f", "%"), fmt(c.load_ms, ".0f"))
+                  fmt(c.pct_of_floor, ".0f", f"% {c.bound[:3]}" if c.bound else "%"), fmt(c.load_ms, ".0f"))
     return t
 
 

@@ -15,7 +15,7 @@ def main(out: Path) -> None:
         print(f"  {'case':<9}{'status':<14}{'rel_err':>9}{'eager us':>11}{'gpu us':>10}{'base us':>10}"
               f"{'speedup':>9}{'floor us':>10}{'%floor':>8}{'load ms':>9}")
         for c in r["cases"]:
-            fl = c.get("floor_us")
+            fl = max((f for f in (c.get("floor_us"), c.get("compute_floor_us")) if f), default=None)
             best = min(x for x in (c.get("time_us"), c.get("gpu_us")) if x) if (c.get("time_us") or c.get("gpu_us")) else None
             pct = 100 * fl / best if fl and best else None
             print(f"  {c['case']:<9}{c['status']:<14}{_f(c.get('rel_err'), '.1e'):>9}{_f(c.get('time_us')):>11}"

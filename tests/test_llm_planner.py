@@ -197,12 +197,28 @@ def test_good_reply_applies_and_records_usage(server: FakeOpenAI, ctx: PlannerCo
     assert request["json"]["messages"] == proposal.request
     assert [m["role"] for m in proposal.request] == ["system", "user"]
     prompt = server.user_prompt(0)
-    assert "| 2 | b=4 s=200 | 40.00 | 20.00 | 0.500 | 12.5 |" in prompt  # case table
+    assert "| 2 | b=4 s=200 | 40.00 | 20.00 | 0.500 | 12.5 | memory |" in prompt  # case table
     assert "132 SMs" in prompt and "60 MB L2" in prompt and "4100 GB/s" in prompt
     assert "| 3 | num_warps 4 -> 2 | NOT_BETTER |" in prompt  # ledger
     assert "lines cut" in prompt and "compile line 99" in prompt  # compile error trimmed, tail kept
     assert "rel_err 0.3 vs tolerance 0.002" in prompt  # failing case
     assert "Compute single-token decode attention" in prompt and "def run_kernel(q, k, o, n)" in prompt
+
+
+def test_case_table_takes_the_larger_floor(server: FakeOpenAI, ctx: PlannerContext) -> None:
+    """A compute-bound case (flops / matmul rate above bytes / bandwidth) is measured against
+    its compute floor, and the prompt says which floor applies."""
+    import dataclasses
+
+    ctx = dataclasses.replace(ctx, best_result=_result(cases=[_case("1", 10.0),
+                                                               _case("2", 40.0, compute_floor_us=30.0)]))
+    c = ctx.best_result.cases[1]
+    assert (c.hw_floor_us, c.bound, c.pct_of_floor) == (30.0, "compute", 75.0)
+    server.reply(GOOD)
+    LLMPlanner(make_llm(server)).propose(ctx)
+    prompt = server.user_prompt(0)
+    assert "| 1 | b=4 s=100 | 10.00 | 20.00 | 2.000 | 50.0 | memory |" in prompt
+    assert "| 2 | b=4 s=200 | 40.00 | 20.00 | 0.500 | 75.0 | compute |" in prompt
 
 
 @pytest.mark.parametrize("status", [429, 500, 503])

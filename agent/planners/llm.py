@@ -55,6 +55,7 @@ def _case_rows(result: EvalResult) -> list[dict[str, str]]:
             "baseline_us": _num(c.baseline_us, ".2f"),
             "speedup": _num(c.speedup, ".3f"),
             "floor_pct": _num(c.pct_of_floor, ".1f"),
+            "bound": c.bound or "-",
         }
         for c in result.cases
     ]
