@@ -103,6 +103,17 @@ gpu_tests() {  # pytest -m gpu: the integrity file and the rest, side by side
   for f in "$OUT"/pytest-gpu*.log; do echo "$(basename "$f"): $(tail -1 "$f")"; grep -E "^(FAILED|ERROR)" "$f" | head; done
 }
 
+gpu_pytest() {  # gpu_pytest FILE [-k EXPRESSION]: some of the GPU tests
+  local log; log="$OUT/pytest-$(basename "$1" .py)-$RANDOM.log"
+  timeout 400 python3 -m pytest -q -m gpu "$1" ${2:+-k "$2"} > "$log" 2>&1
+  echo "pytest -m gpu $1 ${2:+-k $2}: $(tail -1 "$log")"; grep -E "^(FAILED|ERROR)" "$log" | head
+}
+
+facts() {  # the ceilings every floor is measured against
+  python3 -c "from optagent.bench import measured_bandwidth_gbs as b, measured_matmul_tflops as m
+print(f'copy bandwidth {b():.0f} GB/s, bf16 matmul {m():.0f} TFLOP/s')"
+}
+
 pause() { sleep "$1"; }  # keeps a lane's work off the other lane's timed evaluations
 
 host_noise() {  # issue 2: host speed between fresh processes
