@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 try:
     import tomllib
@@ -54,3 +54,39 @@ def verdict_failures(label: str, result: EvalResult, n_cases: int | None = None)
     return [f"{label} / {c.case}: {c.status.value} rel_err={c.rel_err} tolerance={c.tolerance}"
             for c in result.cases
             if c.status is not Status.PASSED or c.rel_err is None or c.rel_err >= c.tolerance]
+
+
+def start_evaluations(pool, task, folder: Path, strategies: list[dict],
+                      variants: Callable[[str], list[tuple[str, dict, bool]]]) -> dict:
+    """{strategy name: [(label, case kinds expected, future EvalResult)]}: each strategy at its
+    defaults on the smoke and hidden cases, and each (label, knob setting, with hidden cases)
+    variant, submitted to pool so that they run side by side."""
+    from optagent.evaluator import SandboxEvaluator, select_cases
+    from optagent.schema import CaseKind
+
+    every = select_cases(task, "cpu", 0, None)
+    smoke = select_cases(task, "cpu", 0, None, hidden=False)
+    both = {CaseKind.SMOKE, CaseKind.HIDDEN}
+    runs = {}
+    for s in strategies:
+        source = (folder / s["file"]).read_text(encoding="utf-8")
+        language = Language(s["language"])
+        items = [("default", both, pool.submit(SandboxEvaluator(task, "cpu", every, timeout_s=300).evaluate,
+                                               source, language))]
+        for label, setting, hidden in variants(source):
+            cases, kinds = (every, both) if hidden else (smoke, {CaseKind.SMOKE})
+            items.append((label, kinds, pool.submit(SandboxEvaluator(task, "cpu", cases, timeout_s=300).evaluate,
+                                                    set_knobs(source, setting), language)))
+        runs[s["name"]] = items
+    return runs
+
+
+def evaluation_failures(items: list) -> list[str]:
+    """verdict_failures over start_evaluations' items, and cases of the wrong kinds."""
+    bad = []
+    for label, kinds, future in items:
+        result = future.result(timeout=600)
+        bad += verdict_failures(label, result)
+        if result.status is Status.PASSED and {c.kind for c in result.cases} != kinds:
+            bad.append(f"{label}: ran {sorted(c.kind.value for c in result.cases)}")
+    return bad

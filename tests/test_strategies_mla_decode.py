@@ -19,13 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from optagent.evaluator import SandboxEvaluator, select_cases
-from optagent.knobs import find_knobs, set_knobs
+from optagent.knobs import find_knobs
 from optagent.planners.offline import load_strategies, run_kernel_params
-from optagent.schema import CaseKind, Language
+from optagent.schema import Language
 from optagent.task import load_task
 
-from strategy_checks import check_manifest, check_scan_and_knobs, family, verdict_failures
+from strategy_checks import check_manifest, check_scan_and_knobs, evaluation_failures, family, start_evaluations
 
 TASK = Path(__file__).resolve().parents[1] / "tasks" / "mla_decode_task_package"
 FAMILY, SPEC, STRATEGIES = family("mla_decode")
@@ -48,22 +47,8 @@ def task():
 
 @pytest.fixture(scope="module")
 def evaluations(task):
-    """{strategy name: [(label, kinds expected, future EvalResult)]}, all running at once."""
-    every = select_cases(task, "cpu", 0, None)
-    smoke = select_cases(task, "cpu", 0, None, hidden=False)
-    pool = ThreadPoolExecutor(max_workers=2)
-    runs = {}
-    for s in TRITON:
-        source = (FAMILY / s["file"]).read_text(encoding="utf-8")
-        items = [("default", {CaseKind.SMOKE, CaseKind.HIDDEN},
-                  pool.submit(SandboxEvaluator(task, "cpu", every, timeout_s=300).evaluate, source, Language.TRITON))]
-        for label, setting, hidden in _variants(source):
-            cases, kinds = (every, {CaseKind.SMOKE, CaseKind.HIDDEN}) if hidden else (smoke, {CaseKind.SMOKE})
-            items.append((label, kinds, pool.submit(SandboxEvaluator(task, "cpu", cases, timeout_s=300).evaluate,
-                                                    set_knobs(source, setting), Language.TRITON)))
-        runs[s["name"]] = items
-    yield runs
-    pool.shutdown(wait=True)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield start_evaluations(pool, task, FAMILY, TRITON, _variants)
 
 
 def test_strategy_manifest_lists_existing_files_with_the_contest_signature(task):
@@ -82,10 +67,5 @@ def test_strategy_passes_the_integrity_scan_and_declares_knobs(strategy):
 
 @pytest.mark.parametrize("strategy", TRITON, ids=lambda s: s["name"])
 def test_triton_strategy_passes_the_evaluator_at_default_and_knob_extremes(strategy, evaluations):
-    bad = []
-    for label, kinds, future in evaluations[strategy["name"]]:
-        result = future.result(timeout=600)
-        bad += verdict_failures(label, result)
-        if result.status.value == "PASSED" and {c.kind for c in result.cases} != kinds:
-            bad.append(f"{label}: ran {sorted(c.kind.value for c in result.cases)}")
+    bad = evaluation_failures(evaluations[strategy["name"]])
     assert not bad, "\n".join(bad)

@@ -19,27 +19,27 @@ from pathlib import Path
 
 import pytest
 
-from optagent.evaluator import SandboxEvaluator, select_cases
-from optagent.knobs import find_knobs, set_knobs
+from optagent.knobs import find_knobs
 from optagent.planners.offline import load_strategies, run_kernel_params
-from optagent.schema import CaseKind, Language
+from optagent.schema import Language
 from optagent.task import load_task
 
-from strategy_checks import check_manifest, check_scan_and_knobs, family, verdict_failures
+from strategy_checks import check_manifest, check_scan_and_knobs, evaluation_failures, family, start_evaluations
 
 TASK = Path(__file__).resolve().parents[1] / "tasks" / "ragged_prefill_task_package"
 FAMILY, SPEC, STRATEGIES = family("ragged_prefill")
 TRITON = [s for s in STRATEGIES if s["language"] == "triton"]
 
 
-def _variants(source: str) -> list[tuple[str, dict]]:
-    """All knobs at their smallest values, all at their largest, and the smallest BLOCK_M with the largest BLOCK_N."""
+def _variants(source: str) -> list[tuple[str, dict, bool]]:
+    """All knobs at their smallest values, all at their largest, and the smallest BLOCK_M with the
+    largest BLOCK_N, on the smoke cases: (label, knob setting, with hidden cases)."""
     knobs = {k.name: k for k in find_knobs(source)}
-    out = [("all-min", {n: min(k.values) for n, k in knobs.items()}),
-           ("all-max", {n: max(k.values) for n, k in knobs.items()})]
+    out = [("all-min", {n: min(k.values) for n, k in knobs.items()}, False),
+           ("all-max", {n: max(k.values) for n, k in knobs.items()}, False)]
     if "BLOCK_M" in knobs and "BLOCK_N" in knobs:
         out.append(("BLOCK_M-min/BLOCK_N-max", {"BLOCK_M": min(knobs["BLOCK_M"].values),
-                                                "BLOCK_N": max(knobs["BLOCK_N"].values)}))
+                                                "BLOCK_N": max(knobs["BLOCK_N"].values)}, False))
     return out
 
 
@@ -50,23 +50,8 @@ def task():
 
 @pytest.fixture(scope="module")
 def evaluations(task):
-    """{strategy name: [(label, kinds expected, future EvalResult)]}, all running at once."""
-    every = select_cases(task, "cpu", 0, None)
-    smoke = select_cases(task, "cpu", 0, None, hidden=False)
-    pool = ThreadPoolExecutor(max_workers=4)
-    runs = {}
-    for s in TRITON:
-        source = (FAMILY / s["file"]).read_text(encoding="utf-8")
-        items = [("default", {CaseKind.SMOKE, CaseKind.HIDDEN},
-                  pool.submit(SandboxEvaluator(task, "cpu", every, timeout_s=300).evaluate, source, Language.TRITON))]
-        for label, setting in _variants(source):
-            variant = set_knobs(source, setting)
-            items.append((label, {CaseKind.SMOKE},
-                          pool.submit(SandboxEvaluator(task, "cpu", smoke, timeout_s=300).evaluate,
-                                      variant, Language.TRITON)))
-        runs[s["name"]] = items
-    yield runs
-    pool.shutdown(wait=True)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        yield start_evaluations(pool, task, FAMILY, TRITON, _variants)
 
 
 def test_strategy_manifest_lists_existing_files_with_the_contest_signature(task):
@@ -84,15 +69,10 @@ def test_offline_planner_finds_the_strategies_for_the_task(task):
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s["name"])
 def test_strategy_passes_the_integrity_scan_and_declares_knobs(strategy):
     source = (FAMILY / strategy["file"]).read_text(encoding="utf-8")
-    check_scan_and_knobs(source, Language(strategy["language"]), _variants(source))
+    check_scan_and_knobs(source, Language(strategy["language"]), [(label, st) for label, st, _ in _variants(source)])
 
 
 @pytest.mark.parametrize("strategy", TRITON, ids=lambda s: s["name"])
 def test_triton_strategy_passes_the_evaluator_at_default_and_knob_extremes(strategy, evaluations):
-    bad = []
-    for label, kinds, future in evaluations[strategy["name"]]:
-        result = future.result(timeout=600)
-        bad += verdict_failures(label, result)
-        if result.status.value == "PASSED" and {c.kind for c in result.cases} != kinds:
-            bad.append(f"{label}: ran {sorted(c.kind.value for c in result.cases)}")
+    bad = evaluation_failures(evaluations[strategy["name"]])
     assert not bad, "\n".join(bad)
