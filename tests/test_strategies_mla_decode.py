@@ -29,7 +29,7 @@ from strategy_checks import check_manifest, check_scan_and_knobs, evaluation_fai
 TASK = Path(__file__).resolve().parents[1] / "tasks" / "mla_decode_task_package"
 FAMILY, SPEC, STRATEGIES = family("mla_decode")
 TRITON = [s for s in STRATEGIES if s["language"] == "triton"]
-FINEST = {"BLOCK_N": 16, "MIN_TILES": 1, "PROGRAMS_PER_SM": 8}  # the most splits, one tile each
+FINEST = {"BLOCK_N": 16, "BLOCK_N_16": 16, "MIN_TILES": 1, "PROGRAMS_PER_SM": 8}  # the most splits, one tile each
 
 
 def _variants(source: str) -> list[tuple[str, dict, bool]]:

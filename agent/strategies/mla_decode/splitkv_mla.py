@@ -1,7 +1,7 @@
 """MLA decode (DeepSeek latent attention, paged cache) as split-KV flash-decoding in Triton.
 
 Why this shape of kernel: every head of a sequence reads the same latent rows
-(512 latent + 64 rotary values per token), so one program takes BLOCK_H heads of
+(512 latent + 64 rotary values per token), so one program takes a block of heads of
 one sequence and multiplies its query tile by each cache tile with bf16
 ``tl.dot`` (fp32 accumulation): the heads are the rows of the tile, as queries
 are in prefill.  A decode batch alone gives too few programs to fill the GPU
@@ -14,8 +14,15 @@ split the first kernel writes the output itself.
 
 The head blocks are the fastest-varying program id, so the programs that read
 the same cache tile run side by side and all but the first read it from L2.
-At the defaults (16 heads, 32-token tiles, 8 warps, 2 stages) ptxas gives the
-split kernel 149 registers and no spills for sm_90a; 64-head blocks spill.
+
+Tiles per shape: a program takes min(BLOCK_H, heads rounded up to a power of
+two, at least 16) heads, with BLOCK_N-token tiles, or BLOCK_N_16-token tiles
+when it takes 16.  On an H200 (2026-11-30, GPU us) 64-head blocks were fastest
+for 128 heads at batch 16 and more (bs 64 x 8k: 848 against 2422 with 16-head
+blocks), though ptxas reports spills for them (16-head blocks with 32-token
+tiles: 149 registers, none), and 16-head blocks with 64-token tiles were fastest
+for 16 heads (bs 64 x 8k: 255 against 392 with 32-token tiles and 507 with
+64-head blocks).
 Splits past a sequence's length (ragged batches are planned for the longest
 sequence) store an empty partial and exit.  The plan (split count, scratch) is
 built once per shape and kept.
@@ -27,8 +34,9 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_H = 16  # knob: 16, 32, 64
+BLOCK_H = 64  # knob: 16, 32, 64
 BLOCK_N = 32  # knob: 16, 32, 64
+BLOCK_N_16 = 64  # knob: 16, 32, 64
 NUM_WARPS = 8  # knob: 4, 8
 NUM_STAGES = 2  # knob: 1, 2, 3
 PROGRAMS_PER_SM = 2  # knob: 1, 2, 4, 8
@@ -130,17 +138,19 @@ def _sm_count(device):
 
 
 def _plan(q_nope, batch, max_seqlen, heads, rank):
-    head_blocks = triton.cdiv(heads, BLOCK_H)
-    tiles = max(1, triton.cdiv(max_seqlen, BLOCK_N))
+    block_h = min(BLOCK_H, max(16, triton.next_power_of_2(heads)))
+    block_n = BLOCK_N_16 if block_h == 16 else BLOCK_N
+    head_blocks = triton.cdiv(heads, block_h)
+    tiles = max(1, triton.cdiv(max_seqlen, block_n))
     want = triton.cdiv(PROGRAMS_PER_SM * _sm_count(q_nope.device), batch * head_blocks)
     splits = max(1, min(want, tiles // MIN_TILES if tiles >= MIN_TILES else 1))
-    split_len = triton.cdiv(tiles, splits) * BLOCK_N
+    split_len = triton.cdiv(tiles, splits) * block_n
     splits = triton.cdiv(max(max_seqlen, 1), split_len)  # no split starts past the longest sequence
     dev = q_nope.device
     rows = batch * heads * splits if splits > 1 else 1
     part = torch.empty((rows, rank), dtype=torch.float32, device=dev)
     ml = torch.empty((rows, 2), dtype=torch.float32, device=dev)
-    return (head_blocks, splits, batch), split_len, splits, part, ml
+    return (head_blocks, splits, batch), split_len, splits, part, ml, block_h, block_n
 
 
 def run_kernel(
@@ -165,13 +175,13 @@ def run_kernel(
     if plan is None:
         plan = _plan(q_nope, batch, seqlen, heads, rank)
         _PLANS[key] = plan
-    grid, split_len, splits, part, ml = plan
+    grid, split_len, splits, part, ml, block_h, block_n = plan
     direct = splits == 1
     _split_kernel[grid](
         q_nope, q_pe, kv_cache, output, part, ml, cache_seqlens, block_table, block_table.stride(0),
         LOG2E / math.sqrt(rank + rope),
         NUM_HEADS=heads, RANK=rank, ROPE=rope, PAGE=page, SPLIT_LEN=split_len, SPLITS=splits,
-        BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, DIRECT=direct, DOT_F32=q_nope.device.type != "cuda",
+        BLOCK_H=block_h, BLOCK_N=block_n, DIRECT=direct, DOT_F32=q_nope.device.type != "cuda",
         num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )
     if not direct:
