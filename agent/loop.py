@@ -153,9 +153,9 @@ class Loop:
         """Noise-aware acceptance: faster by more than the spread, re-timed back to back."""
         best_source, best_result = best
         t_best, t_new = best_result.geomean_time_us, result.geomean_time_us
-        if not t_best or not t_new or t_best / t_new - 1 <= self.limits.min_gain:
+        gain = t_best / t_new - 1 if t_best and t_new else None
+        if gain is None or gain <= self.limits.min_gain:
             return StepOutcome.NOT_BETTER, None, result
-        gain = t_best / t_new - 1
         spread = max(noise(best_result), noise(result))
         if gain > max(CLEAR_GAIN, 3 * spread):
             self.store.save_best(source, result)

@@ -153,7 +153,7 @@ def sci(v: Optional[float], digits: int = 1) -> str:
 
 
 # ----------------------------------------------------------------------------
-# Charts: geometry computed here, drawn by templates/_charts.html.j2
+# Labels
 # ----------------------------------------------------------------------------
 
 

@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+from optagent.schema import CaseResult
+
 
 def main(out: Path) -> None:
     results = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json"))
@@ -15,9 +17,8 @@ def main(out: Path) -> None:
         print(f"  {'case':<9}{'status':<14}{'rel_err':>9}{'eager us':>11}{'gpu us':>10}{'base us':>10}"
               f"{'speedup':>9}{'floor us':>10}{'%floor':>8}{'load ms':>9}")
         for c in r["cases"]:
-            fl = max((f for f in (c.get("floor_us"), c.get("compute_floor_us")) if f), default=None)
-            best = min(x for x in (c.get("time_us"), c.get("gpu_us")) if x) if (c.get("time_us") or c.get("gpu_us")) else None
-            pct = 100 * fl / best if fl and best else None
+            case = CaseResult.model_validate(c)  # the evaluator's own floor and % of floor
+            fl, pct = case.hw_floor_us, case.pct_of_floor
             print(f"  {c['case']:<9}{c['status']:<14}{_f(c.get('rel_err'), '.1e'):>9}{_f(c.get('time_us')):>11}"
                   f"{_f(c.get('gpu_us')):>10}{_f(c.get('baseline_us')):>10}{_f(c.get('speedup'), '.2f'):>9}"
                   f"{_f(fl):>10}{_f(pct, '.0f'):>8}{_f(c.get('load_ms'), '.0f'):>9}")
