@@ -85,7 +85,7 @@ class CudaBackend:
         if cached.exists():
             self.library = cached
             return
-        out = scratch / "candidate.so"
+        out = scratch / f"candidate-{key}.so"  # builds of different sources may share a scratch dir
         cmd = []
         for part in self.compiler:
             if part == "{arch}":
