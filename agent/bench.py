@@ -20,6 +20,8 @@ from typing import Callable, Optional
 
 import torch
 
+from . import host_speed
+
 # Bound now: a candidate that patches torch.cuda.Event or time.perf_counter later
 # does not touch these, and integrity() notices the patch.
 _perf_counter = time.perf_counter
@@ -48,6 +50,10 @@ def patched_timers() -> list[str]:
 
 SLOW_MIN_ITERS = 5
 WARM_S = 0.05
+# a timing taken on a slow host is taken again once the host is back at its usual speed:
+# waiting at most this long each time, and this long in all per process
+HOST_WAIT_S = 1.0
+HOST_WAIT_TOTAL_S = 4.0
 
 
 @contextlib.contextmanager
@@ -64,6 +70,7 @@ def _no_gc():
 
 
 def stats(samples_us: list[float]) -> dict:
+    """Median and 10-90 band of all samples."""
     s = sorted(samples_us)
     q = statistics.quantiles(s, n=10) if len(s) >= 2 else [s[0]] * 9
     return {"median_us": max(statistics.median(s), 1e-3), "p10_us": max(q[0], 1e-3),
@@ -75,6 +82,8 @@ class Timer:
         self.device = device
         self.min_iters, self.max_iters, self.budget_s, self.warmup = min_iters, max_iters, budget_s, warmup
         self._flush: Optional[torch.Tensor] = None
+        self._usual_probe = host_speed.usual_probe_us(min(host_speed.probe_us() for _ in range(200)))
+        self._wait_left = HOST_WAIT_TOTAL_S
         if device == "cuda":
             l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
             self._flush = torch.empty(max(4 * l2, 256 << 20), dtype=torch.uint8, device="cuda")
@@ -109,9 +118,18 @@ class Timer:
         return spent < (4 * self.budget_s if i < self.min_iters else self.budget_s)
 
     def eager(self, fn: Callable, arg_sets: list[list], after: Optional[Callable] = None) -> dict:
-        """Median wall time of fn(*args) up to a device-wide sync, sets rotated, L2 flushed."""
+        """Median wall time of fn(*args) up to a device-wide sync, sets rotated, L2 flushed,
+        over the calls made while the host ran at its usual speed (host_speed.py)."""
         with _no_gc():
-            return self._eager(fn, arg_sets, after)
+            result = self._eager(fn, arg_sets, after)
+            if result["host_slow"] and self._wait_left > 0:
+                t0 = _perf_counter()
+                usual = host_speed.wait_for_usual(self._usual_probe, min(HOST_WAIT_S, self._wait_left))
+                self._wait_left -= _perf_counter() - t0
+                if usual:  # the retry's calls go through `after` too: their outputs are checked alike
+                    again = self._eager(fn, arg_sets, after)
+                    result = min(result, again, key=lambda r: (r["host_slow"], r["median_us"]))
+            return result
 
     def _eager(self, fn: Callable, arg_sets: list[list], after: Optional[Callable]) -> dict:
         t0 = _perf_counter()
@@ -128,12 +146,14 @@ class Timer:
             i += 1
         self._sync()
         samples: list[float] = []
+        probes: list[float] = []
         start = _perf_counter()
         i = 0
         while self._more(i, start):
             args = arg_sets[i % len(arg_sets)]
             self.flush_l2()
             self._sync()
+            probes.append(host_speed.probe_us())
             t0 = _perf_counter()
             fn(*args)
             self._sync()
@@ -144,7 +164,8 @@ class Timer:
             if after is not None:
                 after(i, args)
             i += 1
-        return stats(samples)
+        kept, slow = host_speed.at_usual_speed(samples, probes, self._usual_probe)
+        return {**stats(kept), "host_slow": slow, "slow_host_calls": len(samples) - len(kept)}
 
     def gpu(self, fn: Callable, arg_sets: list[list], capturable: bool = True) -> tuple[Optional[dict], Optional[str]]:
         """GPU time: CUDA-graph replay where the kernel can be captured, else events around the call."""

@@ -78,6 +78,10 @@ class Timing(Record):
     p10_us: float = Field(gt=0)
     p90_us: float = Field(gt=0)
     samples: int = Field(ge=1)
+    # eager timings: calls left out because the host ran slow then (host_speed.py), and
+    # whether too many were, so that all calls count and the host's speed is in the figure
+    slow_host_calls: int = Field(0, ge=0)
+    host_slow: bool = False
 
     @property
     def spread(self) -> float:

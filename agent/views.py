@@ -33,6 +33,10 @@ def ratio(x: Optional[float]) -> str:
     return f"{x:.2f}x" if x >= 0.1 else f"{x:.1e}x"
 
 
+def _slow(t) -> str:
+    return "*" if t is not None and t.host_slow else ""
+
+
 def eval_table(result: EvalResult, title: Optional[str] = None) -> Table:
     unit = "us" if result.device == "cuda" else "us (CPU interp.)"
     t = Table(title=title, title_justify="left")
@@ -41,7 +45,8 @@ def eval_table(result: EvalResult, title: Optional[str] = None) -> Table:
         t.add_column(col, justify="left" if col in ("case", "sizes", "status") else "right")
     for c in result.cases:
         t.add_row(c.case, c.sizes or "", f"[{STATUS_STYLE[c.status]}]{c.status.value}[/]", fmt(c.rel_err, ".1e"),
-                  fmt(c.time_us), fmt(c.gpu_us), fmt(c.baseline_us), fmt(c.speedup, ".2f", "x"),
+                  fmt(c.time_us) + _slow(c.time), fmt(c.gpu_us), fmt(c.baseline_us) + _slow(c.baseline),
+                  fmt(c.speedup, ".2f", "x"),
                   fmt(c.pct_of_floor, ".0f", f"% {c.bound[:3]}" if c.bound else "%"), fmt(c.load_ms, ".0f"))
     return t
 
@@ -59,6 +64,8 @@ def print_eval(con: Console, result: EvalResult) -> None:
     if result.baseline_label:
         line += f"  (baseline: {result.baseline_label})"
     con.print(line, soft_wrap=True)
+    if any(_slow(c.time) or _slow(c.baseline) for c in result.cases):
+        con.print("* eager time taken while the host ran slower than usual for most calls (see host_speed.py)")
     if result.status is not Status.PASSED and result.log_tail:
         con.print("[dim]candidate log tail:[/]")
         con.print(result.log_tail, markup=False)

@@ -1,0 +1,62 @@
+"""The eager estimator's host-speed conditioning: which calls count, and the machine record."""
+
+from __future__ import annotations
+
+import json
+
+from optagent import host_speed
+from optagent.bench import Timer
+
+
+def test_calls_made_while_the_host_ran_slow_are_left_out():
+    samples = [100.0, 101.0, 205.0, 99.0, 210.0, 102.0]
+    probes = [10.0, 10.2, 20.5, 9.9, 21.0, 10.1]
+    kept, slow = host_speed.at_usual_speed(samples, probes, usual=10.0)
+    assert kept == [100.0, 101.0, 99.0, 102.0] and not slow
+
+
+def test_a_host_slow_throughout_keeps_every_call_and_says_so():
+    samples = [200.0, 205.0, 210.0, 199.0]
+    kept, slow = host_speed.at_usual_speed(samples, [20.0, 21.0, 20.5, 20.2], usual=10.0)
+    assert kept == samples and slow
+
+
+def test_the_loop_own_fastest_probe_lowers_a_stale_record():
+    # a record from a slower machine must not leave every call counted as "usual"
+    kept, slow = host_speed.at_usual_speed([100.0, 200.0, 101.0, 99.0], [10.0, 20.0, 10.1, 10.0], usual=30.0)
+    assert kept == [100.0, 101.0, 99.0] and not slow
+
+
+def test_the_machine_record_keeps_the_fastest_probe(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPTAGENT_CACHE", str(tmp_path))
+    assert host_speed.usual_probe_us(12.0) == 12.0
+    assert host_speed.usual_probe_us(20.0) == 12.0  # a slow process does not raise the record
+    assert host_speed.usual_probe_us(9.0) == 9.0
+    record = json.loads((tmp_path / "host_probe.json").read_text())
+    assert list(record.values()) == [9.0]
+
+
+def test_eager_timing_reports_how_many_calls_ran_on_a_slow_host(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPTAGENT_CACHE", str(tmp_path))
+    timer = Timer("cpu", min_iters=20, max_iters=20, budget_s=10.0, warmup=1)
+    slow_every = iter(range(10**6))
+
+    def probe() -> float:  # every fourth call's probe runs at half speed
+        return 20.0 if next(slow_every) % 4 == 3 else 10.0
+
+    monkeypatch.setattr(host_speed, "probe_us", probe)
+    timer._usual_probe = 10.0
+    t = timer.eager(lambda: sum(range(1000)), [[]])
+    assert t["slow_host_calls"] == 5 and t["samples"] == 15 and not t["host_slow"]
+
+
+def test_a_timing_on_a_slow_host_is_taken_again_once_the_host_is_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPTAGENT_CACHE", str(tmp_path))
+    timer = Timer("cpu", min_iters=10, max_iters=10, budget_s=10.0, warmup=1)
+    timer._usual_probe = 10.0
+    probes = iter([20.0] * 10 + [10.0] * 1000)  # the first loop's probes all slow, then usual
+    monkeypatch.setattr(host_speed, "probe_us", lambda: next(probes))
+    calls = []
+    t = timer.eager(lambda: calls.append(1), [[]])
+    assert not t["host_slow"] and t["slow_host_calls"] == 0
+    assert len(calls) == 2 * (1 + 10)  # warm-up and timed calls, twice
