@@ -101,11 +101,27 @@ def reference(args):
     return res
 
 
+DEVICE = sys.argv[3] if len(sys.argv) > 3 else "cpu"
+
+
+def load(path):
+    """run_kernel of a Triton module, or of a CUDA file built by the evaluator's backend."""
+    if path.endswith(".cu"):
+        import tempfile
+        from pathlib import Path
+        from optagent.backends.cuda import CudaBackend
+        backend = CudaBackend("cuda", None, 300)
+        backend.prepare(Path(path), Path(tempfile.mkdtemp(prefix="decode_cu_")))
+        return backend.load_fresh(os.path.basename(path)[:-3])
+    spec = importlib.util.spec_from_file_location("variant_" + os.path.basename(path)[:-3], path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.run_kernel
+
+
 for path, case_names, again in JOBS:
     try:
-        spec = importlib.util.spec_from_file_location("variant_" + os.path.basename(path)[:-3], path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        run_kernel = load(path)
     except Exception:
         print(json.dumps({"variant": path, "case": None, "error": traceback.format_exc()[-1500:]}), flush=True)
         continue
@@ -117,9 +133,12 @@ for path, case_names, again in JOBS:
                 runs.append(make(*CASES[name], seed=100 + i))
             errs, finite = [], True
             for args in runs:
-                mod.run_kernel(*args)
                 ref = reference(args)
-                o = args[3].double()
+                dev = [a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args]
+                run_kernel(*dev)
+                if DEVICE == "cuda":
+                    torch.cuda.synchronize()
+                o = dev[3].double().cpu()
                 finite = finite and bool(torch.isfinite(o).all())
                 errs.append(float((o - ref).norm() / ref.norm()))
             rec["finite"], rec["err"] = finite, max(errs)
@@ -139,6 +158,18 @@ def _variants(source: str) -> list[tuple[str, dict]]:
     return out
 
 
+def _variant_jobs(source: str, folder: Path, name: Path) -> tuple[list, dict[str, str]]:
+    """The runner's jobs: every case at the defaults (the knob cases twice), the knob cases at
+    each extreme; and each written variant's label."""
+    jobs, labels = [], {}
+    for label, setting in _variants(source):
+        path = folder / f"{name.stem}__{label.replace('=', '_')}{name.suffix}"
+        path.write_text(set_knobs(source, setting) if setting else source)
+        labels[str(path)] = label
+        jobs.append([str(path), list(CASES), KNOB_CASES] if label == "default" else [str(path), KNOB_CASES, []])
+    return jobs, labels
+
+
 def _nvcc_build(source: str, setting: dict, out: Path) -> subprocess.Popen:
     src = out.with_suffix(".cu")
     src.write_text(set_knobs(source, setting) if setting else source)
@@ -156,15 +187,7 @@ def background(tmp_path_factory):
     interp = {}
     for s in TRITON:
         source = (FAMILY / s["file"]).read_text(encoding="utf-8")
-        jobs, labels = [], {}
-        for label, setting in _variants(source):
-            path = base / f"{Path(s['file']).stem}__{label.replace('=', '_')}.py"
-            path.write_text(set_knobs(source, setting) if setting else source)
-            labels[str(path)] = label
-            if label == "default":
-                jobs.append([str(path), list(CASES), KNOB_CASES])
-            else:
-                jobs.append([str(path), KNOB_CASES, []])
+        jobs, labels = _variant_jobs(source, base, Path(s["file"]))
         cmd = [sys.executable, str(runner), json.dumps(CASES), json.dumps(jobs)]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         interp[s["name"]] = (proc, labels, jobs)
@@ -232,3 +255,50 @@ def test_cuda_strategy_compiles_at_default_and_knob_extremes(strategy, backgroun
         if proc.returncode != 0 or not so.exists():
             failures.append(f"{label}: {out[-2000:]}")
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("strategy", CUDA, ids=lambda s: s["name"])
+def test_cuda_strategy_is_correct_on_the_gpu_at_every_knob_extreme(strategy, tmp_path):
+    """What the CPU can only compile, run: every case at the defaults (twice where the
+    cached plan and scratch are reused), the small ones at each knob's extremes."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    source = (FAMILY / strategy["file"]).read_text(encoding="utf-8")
+    jobs, labels = _variant_jobs(source, tmp_path, Path(strategy["file"]))
+    from concurrent.futures import ThreadPoolExecutor
+
+    from optagent.backends.cuda import CudaBackend
+
+    def build(path: str) -> None:  # into the backend's cache, all variants at once
+        CudaBackend("cuda", None, 600).prepare(Path(path), Path(path).parent)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 4) as pool:
+        list(pool.map(build, labels))
+    runner = tmp_path / "runner.py"
+    runner.write_text(RUNNER)
+    try:
+        proc = subprocess.run([sys.executable, str(runner), json.dumps(CASES), json.dumps(jobs), "cuda"],
+                              capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired as e:  # a hung kernel: name the run after the last one that finished
+        done = [line for line in (e.stdout or b"").decode().splitlines() if line.startswith("{")]
+        pytest.fail(f"hung after {len(done)} runs; last finished: {done[-1] if done else 'none'}")
+    recs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(recs) == sum(len(cases) for _, cases, _ in jobs), proc.stderr[-3000:]
+    bad = [f"{labels.get(r['variant'], r['variant'])} / {r['case']}: "
+           + (r["error"] if "error" in r else "NaN left" if not r["finite"] else f"relative error {r['err']:.3g}")
+           for r in recs if "error" in r or not r["finite"] or r["err"] > 1e-2]
+    assert not bad, "\n".join(bad)
+
+
+def test_a_strategy_not_yet_gpu_checked_stays_out_of_runs():
+    from optagent.planners.offline import load_strategies
+
+    listed = {s["name"] for s in CUDA}
+    unchecked = {s["name"] for s in CUDA if s.get("gpu_checked") is False}
+    loaded = {s.name for s in load_strategies(Language.CUDA, "paged_decode", [])}
+    assert loaded == listed - unchecked

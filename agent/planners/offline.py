@@ -63,7 +63,9 @@ def load_strategies(language: Language, family: Optional[str], params: list[str]
         if not (same_family or same_signature):
             continue
         for s in spec.get("strategy", []):
-            if s.get("language") == language.value:
+            # a strategy whose last change has not yet run on a GPU stays out of runs (a hang
+            # would cost a run its candidate timeout); its tests and bench/ still use it
+            if s.get("language") == language.value and s.get("gpu_checked", True):
                 source = (toml_path.parent / s["file"]).read_text(encoding="utf-8")
                 found.append(Strategy(s["name"], language, s.get("idea", s["name"]), source))
     return found
