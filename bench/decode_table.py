@@ -4,11 +4,15 @@ GPU time by CUDA-graph replay (L2 flushed before each replay, median of 20),
 eager time of the whole call; floor = K+V bytes read / measured copy bandwidth.
 A benchmark, not a test: kernels run in this process.
 
-    [FLUSH=zero|read] python3 bench/decode_table.py KERNEL.py|KERNEL.cu [...]
+    [FLUSH=zero|read] [TABLE=perm|seq] [STARTER=0] python3 bench/decode_table.py KERNEL.py|KERNEL.cu [...]
 
 FLUSH=zero (default, as the evaluator and triton's do_bench do) writes a 256 MiB buffer,
 which leaves the L2 full of dirty lines that are written back while the timed kernel
 runs; FLUSH=read evicts the L2 by reading the buffer, so nothing is written back.
+TABLE=seq gives every sequence consecutive pages (the contest draws a permutation of a pool
+three times the size): the difference is what scattered pages cost. STARTER=0 leaves the
+package's slow starter out. Last, one line per kernel: geomean, % of floor on the three
+largest cases, and the peer cases beaten.
 """
 
 from __future__ import annotations
@@ -67,7 +71,10 @@ def make(bs: int, s: int):
     v = torch.randn(nb, PAGE, H, D, dtype=torch.bfloat16, device="cuda", generator=g)
     out = torch.empty_like(q)
     seqlens = torch.full((bs,), s, dtype=torch.int32, device="cuda")
-    table = torch.randperm(nb, dtype=torch.int32, device="cuda", generator=g).reshape(bs, -1)
+    if os.environ.get("TABLE", "perm") == "seq":
+        table = torch.arange(nb, dtype=torch.int32, device="cuda").reshape(bs, -1)
+    else:
+        table = torch.randperm(nb, dtype=torch.int32, device="cuda", generator=g).reshape(bs, -1)
     return [q, k, v, out, seqlens, table, bs, s, 1, H, H, D, PAGE, nb, 0]
 
 
@@ -120,7 +127,9 @@ def eager_us(fn, args, flush) -> float:
 
 
 def main() -> None:
-    kernels = {"torch": torch_ref, "starter": load(TASK / "starter" / "decode_triton.py")}
+    kernels = {"torch": torch_ref}
+    if os.environ.get("STARTER", "1") != "0":
+        kernels["starter"] = load(TASK / "starter" / "decode_triton.py")
     for p in sys.argv[1:]:
         kernels[Path(p).parent.parent.name[-12:] if Path(p).stem == "kernel" else Path(p).stem] = load(Path(p))
     from optagent.bench import measured_bandwidth_gbs
@@ -134,6 +143,8 @@ def main() -> None:
           f"L2 flushed by a {how}, median of 20) / eager us")
     print(f"{'bs/seqlen':<11}{'floor':>7}" + "".join(f"{n[:14]:>22}" for n in names) + f"{'% floor (last)':>16}{'peer us':>9}")
     geo = {n: [] for n in names}
+    pct: dict[str, dict[tuple[int, int], float]] = {n: {} for n in names}
+    wrong: dict[str, float] = {n: 0.0 for n in names}
     for bs, s in CASES:
         args = make(bs, s)
         floor = 2 * bs * s * H * D * 2 / (bw * 1e3)
@@ -149,6 +160,8 @@ def main() -> None:
             err = float((out.float() - ref.float()).norm() / ref.float().norm())
             g, e = gpu_us(fn, args, flush), eager_us(fn, args, flush)
             geo[n].append(g)
+            pct[n][(bs, s)] = 100 * floor / g
+            wrong[n] = max(wrong[n], err)
             last = g
             row += f"{g:10.1f} /{e:8.1f}{'!' if err > 2e-2 else ' '}  "
         peer = PEER_US.get((bs, s))
@@ -156,8 +169,13 @@ def main() -> None:
         print(row)
     gm = {n: math.exp(sum(map(math.log, v)) / len(v)) for n, v in geo.items()}
     print("geomean GPU us: " + ", ".join(f"{n} {v:.1f}" for n, v in gm.items()))
-    if len(names) > 2:
-        print(f"speedup of {names[-1]} over torch (geomean, GPU time): {gm['torch'] / gm[names[-1]]:.2f}x")
+    big = [(16, 8192), (4, 16384), (16, 16384)]
+    print(f"{'kernel':<16}{'geomean us':>11}{'x torch':>8}" + "".join(f"{f'%fl {b}/{s // 1024}k':>12}" for b, s in big)
+          + f"{'peer beaten':>12}{'max err':>9}")
+    for n in names:
+        beaten = sum(1 for (b, s), us in zip(CASES, geo[n]) if (b, s) in PEER_US and us < PEER_US[(b, s)])
+        print(f"{n[:15]:<16}{gm[n]:11.1f}{gm['torch'] / gm[n]:8.2f}" + "".join(f"{pct[n][c]:11.0f}%" for c in big)
+              + f"{beaten:>9}/{len(PEER_US)}{wrong[n]:9.1e}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 #                                   repeatability, TileLang end to end, pytest -m gpu
 #   bash bench/gpu_check.sh run     the offline run on the decode task (issue 5) and its tables
 #   bash bench/gpu_check.sh more    an offline run on each of the other packages (issue 6)
+#   bash bench/gpu_check.sh variants  knob variants of the CUDA decode strategies, side by side (issue 5)
 #   LANE0="decode_run decode_tables" LANE1="pkg_run:fused_moe:150 repeat" bash bench/gpu_check.sh lanes
 #                                   on two GPUs: the steps of LANE0 on GPU 0, those of LANE1 on
 #                                   GPU 1 (steps: the functions below, arguments after colons)
@@ -71,9 +72,21 @@ decode_run() {  # issue 5: the offline run on the decode task
 decode_tables() {  # issue 5: floor probe, then strategies (and this lane's best kernels) under both L2 flushes
   timeout 100 python3 bench/floor_probe.py >> "$OUT/decode_table.txt" 2>&1
   for how in zero read; do
-    FLUSH=$how timeout 150 python3 bench/decode_table.py agent/strategies/paged_decode/splitkv{_gqa.py,_fused.py,.cu} \
+    FLUSH=$how timeout 150 python3 bench/decode_table.py agent/strategies/paged_decode/splitkv{_fused.py,.cu,_bulk.cu} \
       $(ls "$OPTAGENT_RUNS_DIR"/*/best/kernel.* 2>/dev/null) >> "$OUT/decode_table.txt" 2>&1
   done
+}
+
+variants() {  # issue 5: knob variants of the CUDA decode strategies side by side (VARIANTS: see decode_variants.py)
+  local list; list=$(python3 bench/decode_variants.py "$OUT/variants" ${VARIANTS:-} 2> "$OUT/variants-build.log")
+  cat "$OUT/variants-build.log"
+  timeout 100 python3 bench/floor_probe.py >> "$OUT/decode_table.txt" 2>&1
+  for how in zero read; do
+    FLUSH=$how STARTER=0 timeout 240 python3 bench/decode_table.py $list >> "$OUT/decode_table.txt" 2>&1
+  done
+  # the same pages in sequence: what the contest's scattered pages cost
+  TABLE=seq FLUSH=read STARTER=0 timeout 150 python3 bench/decode_table.py $(echo "$list" | grep -E "/(splitkv|bulk|nomath)\.cu$") \
+    >> "$OUT/decode_table.txt" 2>&1
 }
 
 pkg_run() {  # pkg_run NAME SECONDS: issue 6, an offline run on tasks/NAME_task_package; starter and best per case
@@ -106,7 +119,7 @@ gpu_tests() {  # pytest -m gpu: the integrity file and the rest, side by side
 gpu_pytest() {  # gpu_pytest FILE [-k EXPRESSION]: some of the GPU tests
   local log; log="$OUT/pytest-$(basename "$1" .py)-$RANDOM.log"
   timeout 400 python3 -m pytest -q -m gpu "$1" ${2:+-k "$2"} > "$log" 2>&1
-  echo "pytest -m gpu $1 ${2:+-k $2}: $(tail -1 "$log")"; grep -E "^(FAILED|ERROR)" "$log" | head
+  echo "pytest -m gpu $1 ${2:+-k $2}: $(tail -1 "$log")"; grep -E "^(FAILED|ERROR|E  )" "$log" | head -20
 }
 
 facts() {  # the ceilings every floor is measured against
@@ -182,5 +195,6 @@ case "$STAGE" in
   run) decode_run; decode_tables ;;
   more) for m in $MORE; do pkg_run "$m" "${MORE_LIMIT:-120}"; done ;;
   lanes) lanes ;;
+  variants) variants ;;
 esac
 finish

@@ -1,0 +1,78 @@
+"""Knob variants of the decode CUDA strategies, built side by side for bench/decode_table.py.
+
+Writes each variant's source under OUT_DIR, compiles them all at once into the evaluator's
+build cache (so decode_table's own build is a cache hit), and prints their paths. A variant
+is NAME=KNOB:VALUE,KNOB:VALUE on a strategy file; `nomath` drops the bulk path's
+arithmetic (its result is wrong: it measures how fast the copies alone stream; cases on
+the register path are unaffected).
+
+    python3 bench/decode_variants.py OUT_DIR [FILE.cu:NAME=KNOB:V,... ...]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+STRATEGIES = ROOT / "agent" / "strategies" / "paged_decode"
+DEFAULT = [
+    "splitkv.cu:splitkv=",
+    "splitkv_bulk.cu:bulk=",
+    "splitkv_bulk.cu:bulk_s4=STAGES:4",
+    "splitkv_bulk.cu:bulk_s2_64k=STAGES:2,STAGE_KB:64",
+    "splitkv_bulk.cu:bulk_split128=MAX_SPLITS:128",
+    "splitkv_bulk.cu:bulk_h1=MAX_HEADS:1",
+    "splitkv_bulk.cu:bulk_t128=THREADS:128",
+    "splitkv_bulk.cu:bulk_w2=WAVES:2",
+    "splitkv_bulk.cu:nomath=",
+]
+MATH_LOOP = "stream_tokens<LANES, GT, U>(n, sub,"  # the bulk path's token loop
+
+
+def variant(spec: str, out_dir: Path) -> Path:
+    from optagent.knobs import set_knobs
+
+    file, rest = spec.split(":", 1)
+    name, _, knobs = rest.partition("=")
+    source = (STRATEGIES / file).read_text(encoding="utf-8")
+    setting = {k: int(v) for k, v in (kv.split(":") for kv in knobs.split(",") if kv)}
+    if setting:
+        source = set_knobs(source, setting)
+    if name.startswith("nomath"):
+        assert MATH_LOOP in source, "the bulk kernel's token loop moved: update decode_variants.py"
+        source = source.replace(MATH_LOOP, MATH_LOOP.replace("(n,", "(0,"))
+    path = out_dir / f"{name}.cu"
+    path.write_text(source, encoding="utf-8")
+    return path
+
+
+def build(path: Path) -> str:
+    from optagent.backends.cuda import CudaBackend
+
+    try:
+        CudaBackend("cuda", None, 600).prepare(path, path.parent)
+        return ""
+    except Exception as e:  # reported, and the variant left out of the table
+        return f"{path.stem}: {type(e).__name__}: {str(e)[:300]}"
+
+
+def main() -> None:
+    out_dir = Path(sys.argv[1])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    specs = sys.argv[2:] or DEFAULT
+    paths = [variant(s, out_dir) for s in specs]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 4) as pool:
+        errors = list(pool.map(build, paths))
+    for p, err in zip(paths, errors):
+        if err:
+            print(err, file=sys.stderr)
+        else:
+            print(p)
+
+
+if __name__ == "__main__":
+    main()
