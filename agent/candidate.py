@@ -161,11 +161,13 @@ class Candidate:
                 out = {j: args[j].detach().clone() for j in outs}  # on the device: cheap; to host when saved
                 kept[f"last{k}"] = (k, out, refresh[k])
                 sampled = [key for key in kept if key.startswith("call")]
+                # keyed by the count of timed calls, not the loop index: a timing taken again
+                # (host_speed) restarts its loop, and must not overwrite an earlier call's output
                 if len(sampled) < n_sampled:
-                    kept[f"call{i}"] = (k, out, refresh[k])
+                    kept[f"call{seen}"] = (k, out, refresh[k])
                 elif self.rng.random() < n_sampled / seen:  # reservoir sampling over all timed calls
                     del kept[self.rng.choice(sampled)]
-                    kept[f"call{i}"] = (k, out, refresh[k])
+                    kept[f"call{seen}"] = (k, out, refresh[k])
             for j in outs:
                 poison(args[j])
             refresh[k] = self.rng.getrandbits(40)

@@ -46,6 +46,7 @@ def test_eager_timing_reports_how_many_calls_ran_on_a_slow_host(tmp_path, monkey
 
     monkeypatch.setattr(host_speed, "probe_us", probe)
     timer._usual_probe = 10.0
+    timer.host_conditioned = True  # as on a GPU
     t = timer.eager(lambda: sum(range(1000)), [[]])
     assert t["slow_host_calls"] == 5 and t["samples"] == 15 and not t["host_slow"]
 
@@ -54,9 +55,20 @@ def test_a_timing_on_a_slow_host_is_taken_again_once_the_host_is_back(tmp_path, 
     monkeypatch.setenv("OPTAGENT_CACHE", str(tmp_path))
     timer = Timer("cpu", min_iters=10, max_iters=10, budget_s=10.0, warmup=1)
     timer._usual_probe = 10.0
+    timer.host_conditioned = True  # as on a GPU
     probes = iter([20.0] * 10 + [10.0] * 1000)  # the first loop's probes all slow, then usual
     monkeypatch.setattr(host_speed, "probe_us", lambda: next(probes))
     calls = []
     t = timer.eager(lambda: calls.append(1), [[]])
     assert not t["host_slow"] and t["slow_host_calls"] == 0
     assert len(calls) == 2 * (1 + 10)  # warm-up and timed calls, twice
+
+
+def test_cpu_interpreter_timings_are_not_conditioned_or_retried(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPTAGENT_CACHE", str(tmp_path))
+    timer = Timer("cpu", min_iters=3, max_iters=3, budget_s=10.0, warmup=1)
+    timer._usual_probe = 10.0
+    monkeypatch.setattr(host_speed, "probe_us", lambda: 50.0)  # a slow host throughout
+    calls = []
+    t = timer.eager(lambda: calls.append(1), [[]])
+    assert len(calls) == 1 + 3 and not t["host_slow"] and t["samples"] == 3
