@@ -9,7 +9,7 @@ from typing import Optional
 from rich.console import Console
 from rich.table import Table
 
-from .schema import EvalResult, Status
+from .schema import EvalResult, Status, Timing
 
 STATUS_STYLE = {Status.PASSED: "green", Status.INCORRECT: "red", Status.COMPILE_ERROR: "red",
                 Status.RUNTIME_ERROR: "red", Status.TIMEOUT: "yellow", Status.REJECTED: "bold red",
@@ -33,7 +33,7 @@ def ratio(x: Optional[float]) -> str:
     return f"{x:.2f}x" if x >= 0.1 else f"{x:.1e}x"
 
 
-def _slow(t) -> str:
+def _slow(t: Optional[Timing]) -> str:
     return "*" if t is not None and t.host_slow else ""
 
 
