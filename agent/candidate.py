@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from . import bench
-from .backends import CompileError, Unsupported, backend_for
+from .backends import CompileError, Refused, Unsupported, backend_for
 from .guard import lock_imports, watch_host_compute
 from .harness import TaskRuntime, float_scales, poison, refresh_floats, run_baseline, same_bits
 from .jobs import CaseSpec, Channel, Job
@@ -56,8 +56,9 @@ class Candidate:
         lock_imports(report=lambda why: chan.send("integrity", reason=why))
         try:
             backend.prepare(Path(job.source_path), Path(job.scratch))
-        except (CompileError, Unsupported) as e:
-            chan.send("compile", status="UNSUPPORTED" if isinstance(e, Unsupported) else "COMPILE_ERROR", reason=str(e))
+        except (CompileError, Unsupported, Refused) as e:
+            status = {Unsupported: "UNSUPPORTED", Refused: "REJECTED"}.get(type(e), "COMPILE_ERROR")
+            chan.send("compile", status=status, reason=str(e))
             return
         chan.send("compile", status="OK")
         threads = _threads()

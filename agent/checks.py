@@ -212,22 +212,6 @@ def scan_cuda(source: str) -> Optional[str]:
     return None
 
 
-def scan_cuda_object(obj_path: str) -> Optional[str]:
-    """Why an object file (nvcc -c, before linking: the static cudart imports many of these itself)
-    is refused, from the symbols it imports: a backstop for what the source scan cannot see."""
-    import subprocess
-
-    try:
-        out = subprocess.run(["nm", "-u", obj_path], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    for name in (ln.split()[-1].split("@")[0] for ln in out.splitlines() if ln.strip()):
-        call = re.sub(r"^(open|fopen|creat)64$", r"\1", name) + "()"
-        if scan_cuda(call) or name.startswith(("_ZNSt6thread", "_ZNSt7jthread")) or "fstream" in name:
-            return f"the compiled kernel calls {name}, which a kernel never needs"
-    return None
-
-
 def has_own_kernel(source: str, language: Language) -> bool:
     if language is Language.CUDA:
         return "__global__" in source

@@ -30,8 +30,9 @@ from pathlib import Path
 import pytest
 
 import optagent.evaluator as evaluator_module
-from optagent.checks import redact, scan_cuda_object, static_verdict
+from optagent.checks import redact, static_verdict
 from optagent.evaluator import SandboxEvaluator, select_cases
+from optagent.object_scan import scan_cuda_object
 from optagent.schema import EvalResult, Language, Status
 from optagent.task import load_task
 
@@ -75,7 +76,7 @@ def test_every_fixture_names_its_class_and_verdict():
     for p in files:
         head = p.read_text()[:1200]
         assert "Attack class:" in head and "Expected verdict:" in head, p.name
-    listed = set(STATIC) | set(DYNAMIC) | set(SCAN_OFF) | GPU_ONLY | {"hang"}
+    listed = set(STATIC) | set(DYNAMIC) | set(SCAN_OFF) | set(OBJECT) | GPU_ONLY | {"hang"}
     assert {p.stem for p in files} <= listed, {p.stem for p in files} - listed
 
 
@@ -113,6 +114,48 @@ def test_static_attack_is_rejected_before_running(task, cases, name):
     result = run(task, cases, name)
     expect(result, Status.REJECTED, r"^rejected before running: .*" + STATIC[name])
     assert result.cases == [] and result.wall_s < 5
+
+
+# CUDA that the source scan lets through, refused from the compiled object's imports and code
+OBJECT = {"cuda_open64": r"calls open64", "cuda_libc_system": r"calls __libc_system",
+          "cuda_syscall_bytes": r"system calls directly"}
+NEEDS_BINUTILS = pytest.mark.skipif(not all(shutil.which(t) for t in ("nvcc", "nm", "objdump")),
+                                    reason="needs nvcc, nm and objdump")
+
+
+@NEEDS_BINUTILS
+@pytest.mark.parametrize("name", sorted(OBJECT))
+def test_object_scan_refuses_what_the_source_scan_misses(task, cases, name):
+    source, language = attack(name)
+    assert static_verdict(source, language) is None  # the point: the source scan misses it
+    result = run(task, cases, name)
+    expect(result, Status.REJECTED, OBJECT[name])
+    assert result.cases == []
+
+
+@pytest.mark.parametrize("name, ok", [
+    ("cudaMalloc", True), ("__cudaRegisterFunction", True), ("sqrtf", True), ("__expf_finite", True),
+    ("fprintf", True), ("_ZSt4cerr", True), ("_ZTISt13runtime_error", True), ("__divti3", True),
+    ("_ZNSt12system_errorD1Ev", True),
+    ("open64", False), ("__libc_system", False), ("write", False), ("fopen", False), ("getenv", False),
+    ("cudaStreamCreate", False), ("cudaLaunchHostFunc", False),
+    ("_ZNSt6thread15_M_start_threadESt10unique_ptrINS_6_StateESt14default_deleteIS1_EEPFvvE", False),
+    ("_ZNSt14basic_ifstreamIcSt11char_traitsIcEEC1EPKcSt13_Ios_Openmode", False)])
+def test_object_scan_allowlist(name, ok):
+    from optagent.object_scan import allowed
+
+    assert allowed(name) is ok
+
+
+@NEEDS_BINUTILS
+def test_object_scan_accepts_every_cuda_starter_and_strategy(tmp_path):
+    honest = [p for pattern in ("tasks/*/starter/*.cu", "agent/strategies/*/*.cu") for p in ROOT.glob(pattern)]
+    assert len(honest) >= 6
+    for p in honest:
+        obj = tmp_path / f"{p.parent.name}-{p.stem}.o"
+        subprocess.run(["nvcc", "-c", "-arch=sm_90", "-Xcompiler", "-fPIC", "-O3", "-o", str(obj), str(p)],
+                       check=True, capture_output=True, timeout=300)
+        assert scan_cuda_object(str(obj)) is None, p
 
 
 def test_scan_accepts_every_starter_and_strategy():
@@ -191,6 +234,10 @@ SCAN_OFF = {
     "forge_result": (Status.REJECTED, r"result channel", []),
     "forge_with_nonce": (Status.REJECTED, r"nonce|result channel|duplicate", []),
     "patch_bench_clock": (Status.REJECTED, r"timer|clock", []),
+    # CUDA host code meets no audit hook: with the source scan off, the object scan stands
+    "cuda_system": (Status.REJECTED, r"calls .*\bsystem\b", [NEEDS_BINUTILS]),
+    "cuda_fopen": (Status.REJECTED, r"calls .*\bfopen\b", [NEEDS_BINUTILS]),
+    "cuda_getenv": (Status.REJECTED, r"calls getenv", [NEEDS_BINUTILS]),
 }
 
 

@@ -23,6 +23,10 @@ class Unsupported(Exception):
     """The candidate's language cannot run here; the message says why."""
 
 
+class Refused(Exception):
+    """The candidate builds but does what a kernel may not (object_scan.py): REJECTED."""
+
+
 class Backend(Protocol):
     def prepare(self, source_path: Path, scratch: Path) -> None: ...
 

@@ -1,8 +1,10 @@
 """CUDA candidates: ``extern "C" run_kernel`` compiled into a shared library.
 
 The compiler command is configurable (``--compiler`` / ``OPTAGENT_NVCC``) so a
-CUDA-compatible vendor toolchain can stand in for nvcc. Builds are cached by
-the hash of source and command.
+CUDA-compatible vendor toolchain can stand in for nvcc. With nvcc the source is
+compiled to an object first, whose imports object_scan.py checks, then linked;
+another toolchain builds in its one step, unchecked. Builds are cached by the hash
+of source and command; only checked ones are cached under the checked key.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import subprocess
 from pathlib import Path
 from typing import Callable
 
-from . import CompileError
+from ..object_scan import scan_cuda_object
+from . import CompileError, Refused
 
 DEFAULT_COMPILER = "nvcc -O3 -shared -Xcompiler -fPIC -lineinfo {arch} -o {out} {src}"
+OBJECT_SCAN = "object-scan-1"  # in the cache key: a library built before the check is not reused
 SIGNATURE = re.compile(r'extern\s+"C"\s+(?:__host__\s+)?void\s+run_kernel\s*\(([^)]*)\)', re.S)
 
 CTYPES = {
@@ -75,31 +79,54 @@ class CudaBackend:
         self.timeout = compile_timeout_s
         self.library: Path | None = None
 
-    def prepare(self, source_path: Path, scratch: Path) -> None:
-        source = source_path.read_text(encoding="utf-8")
-        self.argtypes = parse_signature(source)
-        arch = _arch_flag(self.device)
-        key = hashlib.sha256((source + "\0" + " ".join(self.compiler) + arch).encode()).hexdigest()[:24]
-        cached = cache_dir() / f"{key}.so"
-        self.scratch = scratch
-        if cached.exists():
-            self.library = cached
-            return
-        out = scratch / f"candidate-{key}.so"  # builds of different sources may share a scratch dir
+    def _two_step(self) -> bool:
+        return Path(self.compiler[0]).name == "nvcc" and "-shared" in self.compiler
+
+    def _command(self, out: Path, src: Path, arch: str, compile_only: bool = False) -> list[str]:
         cmd = []
         for part in self.compiler:
             if part == "{arch}":
                 cmd.extend(arch.split())
-            else:
-                cmd.append(part.format(out=out, src=source_path, arch=arch))
+            elif compile_only and part == "-shared":
+                cmd.append("-c")
+            elif not (compile_only and part.startswith(("-l", "-L"))):
+                cmd.append(part.format(out=out, src=src, arch=arch))
+        return cmd
+
+    def _run(self, cmd: list[str], scratch: Path, source_path: Path) -> None:
         if shutil.which(cmd[0]) is None:
             raise CompileError(f"compiler {cmd[0]!r} not found (set --compiler or OPTAGENT_NVCC)")
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout, cwd=scratch)
         except subprocess.TimeoutExpired:
             raise CompileError(f"compiler timed out after {self.timeout:.0f} s") from None
-        if proc.returncode != 0 or not out.exists():
+        if proc.returncode != 0:
             raise CompileError(first_errors(proc.stderr + proc.stdout, source_path))
+
+    def prepare(self, source_path: Path, scratch: Path) -> None:
+        source = source_path.read_text(encoding="utf-8")
+        self.argtypes = parse_signature(source)
+        arch = _arch_flag(self.device)
+        checked = OBJECT_SCAN if self._two_step() else "unchecked"
+        key = hashlib.sha256("\0".join([source, " ".join(self.compiler), arch, checked]).encode()).hexdigest()[:24]
+        cached = cache_dir() / f"{key}.so"
+        self.scratch = scratch
+        if cached.exists():
+            self.library = cached
+            return
+        out = scratch / f"candidate-{key}.so"  # builds of different sources may share a scratch dir
+        if self._two_step():
+            obj = out.with_suffix(".o")
+            self._run(self._command(obj, source_path, arch, compile_only=True), scratch, source_path)
+            why = scan_cuda_object(str(obj))
+            if why:
+                raise Refused(why)
+            libs = [p for p in self.compiler if p.startswith(("-l", "-L"))]
+            self._run([self.compiler[0], "-shared", "-o", str(out), str(obj), *libs], scratch, source_path)
+        else:
+            self._run(self._command(out, source_path, arch), scratch, source_path)
+        if not out.exists():
+            raise CompileError("the compiler exited without writing the library")
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_suffix(f".{os.getpid()}.tmp")
         shutil.copyfile(out, tmp)
