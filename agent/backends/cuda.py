@@ -122,7 +122,9 @@ class CudaBackend:
             if why:
                 raise Refused(why)
             libs = [p for p in self.compiler if p.startswith(("-l", "-L"))]
-            self._run([self.compiler[0], "-shared", "-o", str(out), str(obj), *libs], scratch, source_path)
+            # no device link: the object is whole-program code, as a one-step build leaves it
+            self._run([self.compiler[0], "-shared", "--no-device-link", "-o", str(out), str(obj), *libs],
+                      scratch, source_path)
         else:
             self._run(self._command(out, source_path, arch), scratch, source_path)
         if not out.exists():
