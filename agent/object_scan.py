@@ -30,8 +30,9 @@ ALLOWED = frozenset("""
     memcpy memmove memset memcmp memchr strlen strnlen strcmp strncmp strcpy strncpy strcat strncat strchr
     strrchr strstr strtol strtoul strtoll strtoull strtod strtof atoi atol atof abs labs llabs qsort bsearch
     rand srand time clock clock_gettime
-    printf fprintf vprintf vfprintf puts putchar fputs fputc fwrite fflush snprintf sprintf vsnprintf vsprintf
-    stdout stderr
+    printf fprintf vprintf vfprintf puts putchar putc fputs fputc fwrite fflush snprintf sprintf vsnprintf vsprintf
+    sscanf perror strerror stdout stderr __dynamic_cast
+    __isnan __isnanf __isinf __isinff __finite __finitef __fpclassify __fpclassifyf __signbit __signbitf
     __printf_chk __fprintf_chk __vfprintf_chk __sprintf_chk __snprintf_chk __vsnprintf_chk __memcpy_chk
     __memmove_chk __memset_chk __strcpy_chk __strncpy_chk __strcat_chk
     pthread_once pthread_mutex_lock pthread_mutex_unlock __pthread_key_create pthread_key_create
