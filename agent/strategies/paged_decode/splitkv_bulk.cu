@@ -565,8 +565,9 @@ size_t layout(Params& p, bool bulk, int gt, int ns, int split_pages, int n_split
 // Heads per block, tile and split count for one load path; false when nothing fits.
 // The split count fills WAVES x the resident blocks, with splits of at least MIN_SPLIT
 // tokens and at most MAX_SPLITS of them (the last block of a unit merges them alone).
+// choose() leaves its heads per block, tile and shared-memory offsets in p.
 struct Choice {
-    int hc, t, stage_bytes, n_splits, split_pages, blocks, slots;
+    int n_splits, split_pages, units, blocks, slots;
     size_t smem;
 };
 
@@ -580,9 +581,9 @@ bool choose(Params& p, bool bulk, int hc, int gt, int lanes, int B, int max_toke
     // occupancy with the longest page list and most splits, then the split count it allows
     const int resident = dispatch(0, bulk, lanes, gt, p, dim3(), layout(p, bulk, gt, ns, pages, MAX_SPLITS));
     if (resident <= 0) return false;
-    const int units = B * p.SQ * (p.HK / hc) * (p.group / gt);
+    c.units = B * p.SQ * (p.HK / hc) * (p.group / gt);
     c.slots = WAVES * resident * sms;
-    int n = c.slots / units;
+    int n = c.slots / c.units;
     const int by_len = (max_tokens + MIN_SPLIT - 1) / MIN_SPLIT;
     if (n > by_len) n = by_len;
     if (n > pages) n = pages;
@@ -590,8 +591,7 @@ bool choose(Params& p, bool bulk, int hc, int gt, int lanes, int B, int max_toke
     if (n < 1) n = 1;
     c.split_pages = (pages + n - 1) / n;
     c.n_splits = (pages + c.split_pages - 1) / c.split_pages;
-    c.hc = hc; c.t = p.T; c.stage_bytes = p.stage_bytes;
-    c.blocks = units * c.n_splits;
+    c.blocks = c.units * c.n_splits;
     c.smem = layout(p, bulk, gt, ns, c.split_pages, c.n_splits);
     return true;
 }
@@ -630,24 +630,20 @@ bool make_plan(int dev, const long long* key) {
         fprintf(stderr, "paged_decode splitkv_bulk.cu: no block configuration fits the shared memory\n");
         return false;
     }
-    p.HC = c.hc; p.T = c.t; p.stage_bytes = c.stage_bytes;
-    layout(p, bulk, gt, ns, c.split_pages, c.n_splits);  // offsets for the split chosen
-
-    const int units = B * SQ * (HK / c.hc) * (p.group / gt);
     p.causal = (key[9] != 0 && SQ > 1) ? 1 : 0;
-    p.hchunks = HK / c.hc; p.gchunks = p.group / gt;
+    p.hchunks = HK / p.HC; p.gchunks = p.group / gt;
     p.n_splits = c.n_splits; p.split_pages = c.split_pages; p.split_tokens = c.split_pages * PAGE;
     p.bt_stride = NB / B;
     p.qk_scale = LOG2E_F / sqrtf((float)D);
     const size_t n_rows = (size_t)B * SQ * H;
     if (c.n_splits > 1 && !grow((void**)&g_scratch, &g_scratch_cap, n_rows * c.n_splits * (D + 2), sizeof(float)))
         return false;
-    if (!grow((void**)&g_counters, &g_counters_cap, (size_t)units, sizeof(int))) return false;
+    if (!grow((void**)&g_counters, &g_counters_cap, (size_t)c.units, sizeof(int))) return false;
     p.a_buf = g_scratch;
     p.m_buf = g_scratch ? g_scratch + n_rows * c.n_splits * D : nullptr;
     p.l_buf = g_scratch ? p.m_buf + n_rows * c.n_splits : nullptr;
     p.counters = g_counters;
-    g_plan.grid = dim3(units, c.n_splits, 1);
+    g_plan.grid = dim3(c.units, c.n_splits, 1);
     g_plan.smem = c.smem;
     g_plan.lanes = lanes;
     g_plan.gt = gt;
