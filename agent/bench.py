@@ -11,16 +11,15 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
-import os
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Callable, Optional
 
 import torch
 
 from . import host_speed
+from .cache import cache_root, write_json
 
 # Bound now: a candidate that patches torch.cuda.Event or time.perf_counter later
 # does not touch these, and integrity() notices the patch.
@@ -82,11 +81,12 @@ class Timer:
         self.device = device
         self.min_iters, self.max_iters, self.budget_s, self.warmup = min_iters, max_iters, budget_s, warmup
         self._flush: Optional[torch.Tensor] = None
-        self._usual_probe = host_speed.usual_probe_us(min(host_speed.probe_us() for _ in range(200)))
-        self._wait_left = HOST_WAIT_TOTAL_S
         # GPU timings only: CPU-interpreter runs check correctness and their times are labels,
         # and a retried loop would make their few timed calls many
         self.host_conditioned = device == "cuda"
+        self._usual_probe = (host_speed.usual_probe_us(min(host_speed.probe_us() for _ in range(200)))
+                             if self.host_conditioned else 0.0)
+        self._wait_left = HOST_WAIT_TOTAL_S
         if device == "cuda":
             l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
             self._flush = torch.empty(max(4 * l2, 256 << 20), dtype=torch.uint8, device="cuda")
@@ -229,16 +229,12 @@ class Timer:
 def _measured_once(file: str, measure: Callable[[], float]) -> float:
     """measure() once per GPU model, cached in OPTAGENT_CACHE (default ~/.cache/optagent)/file."""
     name = torch.cuda.get_device_name(0)
-    root = Path(os.environ.get("OPTAGENT_CACHE", Path.home() / ".cache" / "optagent"))
-    path = root / file
+    path = cache_root() / file
     cache = json.loads(path.read_text()) if path.exists() else {}
     if name in cache:
         return float(cache[name])
     cache[name] = value = measure()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(cache))
-    os.replace(tmp, path)
+    write_json(path, cache)
     return value
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import re
 import secrets
 import sys
@@ -18,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from .cache import cache_root, write_json
 from .checks import redact, static_verdict
 from .jobs import CaseSpec, Job, TimingSpec
 from .sandbox import WorkerRun, new_scratch, remove_scratch, run_worker
@@ -254,7 +254,7 @@ def probe_task(task: TaskPackage, timeout_s: float = 600.0, cached: bool = False
     """
     key = hashlib.sha256(f"{task.digest()}|{sys.executable}|{importlib.util.find_spec('flash_attn') is not None}"
                          .encode()).hexdigest()[:32]
-    cache = Path(os.environ.get("OPTAGENT_CACHE", Path.home() / ".cache" / "optagent")) / "probe" / f"{key}.json"
+    cache = cache_root() / "probe" / f"{key}.json"
     if cached and cache.exists():
         return json.loads(cache.read_text())
     scratch, nonce = new_scratch()
@@ -265,10 +265,7 @@ def probe_task(task: TaskPackage, timeout_s: float = 600.0, cached: bool = False
         remove_scratch(scratch)
     found = run.first("probe")
     if found and run.first("done"):
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(found))
-        os.replace(tmp, cache)
+        write_json(cache, found)
         return found
     err = run.first("error")
     if err:

@@ -14,11 +14,12 @@ timing says so.
 from __future__ import annotations
 
 import json
-import os
 import platform
 import sys
 import time
 from pathlib import Path
+
+from .cache import cache_root, write_json
 
 _perf_counter = time.perf_counter  # bound at import, before any candidate code
 PROBE_N = 1000  # ~10 us of bytecode on a current x86 core
@@ -42,11 +43,6 @@ def wait_for_usual(usual: float, max_s: float) -> bool:
     return True
 
 
-def _cache_path() -> Path:
-    root = Path(os.environ.get("OPTAGENT_CACHE", Path.home() / ".cache" / "optagent"))
-    return root / "host_probe.json"
-
-
 def _machine_key() -> str:
     model = platform.processor() or platform.machine()
     try:
@@ -61,7 +57,7 @@ def _machine_key() -> str:
 
 def usual_probe_us(seen: float) -> float:
     """The fastest probe on record for this machine, updated with `seen` when it is faster."""
-    path, key = _cache_path(), _machine_key()
+    path, key = cache_root() / "host_probe.json", _machine_key()
     try:
         cache = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -71,10 +67,7 @@ def usual_probe_us(seen: float) -> float:
         return float(best)
     cache[key] = seen
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache))
-        os.replace(tmp, path)
+        write_json(path, cache)
     except OSError:
         pass  # a read-only cache only costs the record
     return seen

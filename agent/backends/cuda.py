@@ -19,10 +19,12 @@ import subprocess
 from pathlib import Path
 from typing import Callable
 
+from ..cache import cache_root
 from ..object_scan import scan_cuda_object
 from . import CompileError, Refused
 
 DEFAULT_COMPILER = "nvcc -O3 -shared -Xcompiler -fPIC -lineinfo {arch} -o {out} {src}"
+LINK_FLAGS = ("-l", "-L")  # given to the link step only, when the build is two steps
 OBJECT_SCAN = "object-scan-1"  # in the cache key: a library built before the check is not reused
 SIGNATURE = re.compile(r'extern\s+"C"\s+(?:__host__\s+)?void\s+run_kernel\s*\(([^)]*)\)', re.S)
 
@@ -64,8 +66,7 @@ def _arch_flag(device: str) -> str:
 
 
 def cache_dir() -> Path:
-    root = Path(os.environ.get("OPTAGENT_CACHE", Path.home() / ".cache" / "optagent"))
-    return root / "cuda"
+    return cache_root() / "cuda"
 
 
 class CudaBackend:
@@ -89,7 +90,7 @@ class CudaBackend:
                 cmd.extend(arch.split())
             elif compile_only and part == "-shared":
                 cmd.append("-c")
-            elif not (compile_only and part.startswith(("-l", "-L"))):
+            elif not (compile_only and part.startswith(LINK_FLAGS)):
                 cmd.append(part.format(out=out, src=src, arch=arch))
         return cmd
 
@@ -121,7 +122,7 @@ class CudaBackend:
             why = scan_cuda_object(str(obj))
             if why:
                 raise Refused(why)
-            libs = [p for p in self.compiler if p.startswith(("-l", "-L"))]
+            libs = [p for p in self.compiler if p.startswith(LINK_FLAGS)]
             # no device link: the object is whole-program code, as a one-step build leaves it
             self._run([self.compiler[0], "-shared", "--no-device-link", "-o", str(out), str(obj), *libs],
                       scratch, source_path)
