@@ -78,15 +78,17 @@ decode_tables() {  # issue 5: floor probe, then strategies (and this lane's best
 }
 
 variants() {  # issue 5: knob variants of the CUDA decode strategies side by side (VARIANTS: see decode_variants.py)
+  # FLOOR=0 leaves out the floor probe, SEQ=0 the sequential-pages table (each costs minutes)
   local list; list=$(python3 bench/decode_variants.py "$OUT/variants" ${VARIANTS:-} 2> "$OUT/variants-build.log")
   cat "$OUT/variants-build.log"
-  timeout 100 python3 bench/floor_probe.py >> "$OUT/decode_table.txt" 2>&1
+  [ "${FLOOR:-1}" = 1 ] && timeout 100 python3 bench/floor_probe.py >> "$OUT/decode_table.txt" 2>&1
   for how in zero read; do
     FLUSH=$how STARTER=0 timeout 240 python3 bench/decode_table.py $list >> "$OUT/decode_table.txt" 2>&1
   done
   # the same pages in sequence: what the contest's scattered pages cost
-  TABLE=seq FLUSH=read STARTER=0 timeout 150 python3 bench/decode_table.py $(echo "$list" | grep -E "/(splitkv|bulk|nomath)\.cu$") \
-    >> "$OUT/decode_table.txt" 2>&1
+  [ "${SEQ:-1}" = 1 ] && TABLE=seq FLUSH=read STARTER=0 timeout 150 python3 bench/decode_table.py \
+    $(echo "$list" | grep -E "/(splitkv|bulk|nomath)\.cu$") >> "$OUT/decode_table.txt" 2>&1
+  true
 }
 
 pkg_run() {  # pkg_run NAME SECONDS: issue 6, an offline run on tasks/NAME_task_package; starter and best per case

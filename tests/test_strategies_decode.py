@@ -46,6 +46,10 @@ CASES = {
     "gqa2_small": (2, 4, 2, 64, [17, 50], None, 1, 0),
 }
 KNOB_CASES = ["mha_small", "gqa2_small"]  # at each knob extreme (the default runs every case)
+# Too big for the interpreter, run on the GPU only, at the defaults and every knob extreme: long
+# enough and wide enough (whole 2 KB cache rows, a grid over half the GPU) for the bulk-copy path,
+# with partial last pages, a one-token sequence and one longer than the planned seqlen_k.
+GPU_CASES = {"bulk_ragged_long": (5, 8, 8, 128, [16400, 16383, 1, 9000, 16384], 16384, 1, 0)}
 
 RUNNER = r'''
 import json, math, os, sys, traceback
@@ -70,8 +74,8 @@ def make(B, H, HK, D, seqlens, seqlen_k, SQ, causal, seed, P=16):
     bt = torch.randperm(nb, generator=g)[: B * width].int().reshape(B, width).contiguous()
     used = torch.zeros(nb, P, dtype=torch.bool)
     for b in range(B):
-        for t in range(seqlens[b]):
-            used[bt[b, t // P], t % P] = True
+        t = torch.arange(seqlens[b])
+        used[bt[b, t // P].long(), t % P] = True
     # unreadable slots: keys along the query directions (they would dominate), huge values
     G = H // HK
     qdir = q.float().sum(dim=(0, 1)).reshape(HK, G, D).sum(1)
@@ -119,6 +123,16 @@ def load(path):
     return mod.run_kernel
 
 
+MADE = {}  # (case, seed) -> inputs and reference: the big cases are made once for all variants
+
+
+def made(name, seed):
+    if (name, seed) not in MADE:
+        args = make(*CASES[name], seed=seed)
+        MADE[name, seed] = (args, reference(args))
+    return MADE[name, seed]
+
+
 for path, case_names, again in JOBS:
     try:
         run_kernel = load(path)
@@ -128,12 +142,11 @@ for path, case_names, again in JOBS:
     for i, name in enumerate(case_names):
         rec = {"variant": path, "case": name}
         try:
-            runs = [make(*CASES[name], seed=i)]
+            runs = [made(name, i)]
             if name in again:  # a second call on new inputs: cached scratch and counters are reused
-                runs.append(make(*CASES[name], seed=100 + i))
+                runs.append(made(name, 100 + i))
             errs, finite = [], True
-            for args in runs:
-                ref = reference(args)
+            for args, ref in runs:
                 dev = [a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args]
                 run_kernel(*dev)
                 if DEVICE == "cuda":
@@ -158,15 +171,16 @@ def _variants(source: str) -> list[tuple[str, dict]]:
     return out
 
 
-def _variant_jobs(source: str, folder: Path, name: Path) -> tuple[list, dict[str, str]]:
-    """The runner's jobs: every case at the defaults (the knob cases twice), the knob cases at
-    each extreme; and each written variant's label."""
+def _variant_jobs(source: str, folder: Path, name: Path, extra: tuple[str, ...] = ()) -> tuple[list, dict[str, str]]:
+    """The runner's jobs: every case at the defaults (the knob cases twice), the knob cases
+    and `extra` at each extreme; and each written variant's label."""
     jobs, labels = [], {}
     for label, setting in _variants(source):
         path = folder / f"{name.stem}__{label.replace('=', '_')}{name.suffix}"
         path.write_text(set_knobs(source, setting) if setting else source)
         labels[str(path)] = label
-        jobs.append([str(path), list(CASES), KNOB_CASES] if label == "default" else [str(path), KNOB_CASES, []])
+        at_default = [str(path), [*CASES, *extra], [*KNOB_CASES, *extra]]
+        jobs.append(at_default if label == "default" else [str(path), [*KNOB_CASES, *extra], []])
     return jobs, labels
 
 
@@ -268,7 +282,7 @@ def test_cuda_strategy_is_correct_on_the_gpu_at_every_knob_extreme(strategy, tmp
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
     source = (FAMILY / strategy["file"]).read_text(encoding="utf-8")
-    jobs, labels = _variant_jobs(source, tmp_path, Path(strategy["file"]))
+    jobs, labels = _variant_jobs(source, tmp_path, Path(strategy["file"]), tuple(GPU_CASES))
     from concurrent.futures import ThreadPoolExecutor
 
     from optagent.backends.cuda import CudaBackend
@@ -281,7 +295,7 @@ def test_cuda_strategy_is_correct_on_the_gpu_at_every_knob_extreme(strategy, tmp
     runner = tmp_path / "runner.py"
     runner.write_text(RUNNER)
     try:
-        proc = subprocess.run([sys.executable, str(runner), json.dumps(CASES), json.dumps(jobs), "cuda"],
+        proc = subprocess.run([sys.executable, str(runner), json.dumps({**CASES, **GPU_CASES}), json.dumps(jobs), "cuda"],
                               capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired as e:  # a hung kernel: name the run after the last one that finished
         done = [line for line in (e.stdout or b"").decode().splitlines() if line.startswith("{")]

@@ -11,7 +11,8 @@
 // head) x split of the sequence, the head chunks fastest so that blocks reading the same
 // pages run side by side. Bulk path: a block takes HC kv heads of a token at once (whole
 // cache rows when HC == HK: all heads of a token are adjacent); a tile is T tokens; warp
-// 0 issues one bulk copy per token and tensor (HC*D*2 bytes) and refills a stage once
+// 0 issues the bulk copies (one per page and tensor with whole rows, else one per token
+// and tensor of HC*D*2 bytes; all marked evict-first in the L2) and refills a stage once
 // every warp is done with it. Register path: HC = 1 and each lane loads its 16 bytes of
 // a token straight from the cache. In both, LANES lanes share a token and own 8 dims;
 // a stream of lanes serves one kv head (its GT query heads, fp32 online softmax in exp2)
@@ -43,6 +44,9 @@
 #define MAX_HEADS 8  // knob: 1, 2, 4, 8, 16
 #define BULK_MIN_BYTES 2048  // knob: 512, 1024, 2048, 4096, 8192
 #define BULK_MIN_SPLIT 512  // knob: 128, 256, 512, 1024, 2048
+#define BULK_MIN_FILL 50  // knob: 25, 50, 75, 100
+#define L2_EVICT_FIRST 1  // knob: 0, 1
+#define PAGE_COPY 1  // knob: 0, 1
 
 #define NWARPS (THREADS / 32)
 #define LOG2E_F 1.4426950408889634f
@@ -102,12 +106,31 @@ __device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
     } while (!done);
 }
 
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+// The cache is read once per call: marked evict-first in the L2, its lines replace one
+// another instead of whatever else the L2 holds (other kernels' data, dirty lines that
+// would otherwise be written back in the middle of this kernel's reads).
+__device__ __forceinline__ uint64_t stream_policy() {
+    uint64_t pol = 0;
+#if L2_EVICT_FIRST
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+#endif
+    return pol;
+}
+
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t pol) {
+#if L2_EVICT_FIRST
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+            smem_addr(dst)),
+        "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(pol)
+        : "memory");
+#else
     asm volatile(
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
             smem_addr(dst)),
         "l"(src), "r"(bytes), "r"(smem_addr(bar))
         : "memory");
+#endif
 }
 
 // Output row of local row r (kv head r / GT of the chunk, query head r % GT of its group chunk).
@@ -115,13 +138,15 @@ __device__ __forceinline__ int out_row(const Params& p, int b, int sq, int hc0, 
     return (b * p.SQ + sq) * p.H + (hc0 + r / GT) * p.group + gc * GT + r % GT;
 }
 
-// Warp 0 queues tile `tile` of the block's token range into stage `st`: one bulk copy
-// per token and tensor. Page ids come from the staged list; a sequence longer than the
-// planned seqlen_k gives its last split more pages than were staged: those are read
-// from the block table (clamped to its row, as a missing page cannot be read anyway).
+// Warp 0 queues tile `tile` of the block's token range into stage `st`. Page ids come
+// from the staged list; a sequence longer than the planned seqlen_k gives its last split
+// more pages than were staged: those are read from the block table (clamped to its row,
+// as a missing page cannot be read anyway). With whole cache rows (HC == HK) the tokens
+// of one page are adjacent in memory and go in one copy per page and tensor (the copy
+// engine's cost is per copy); otherwise one copy per token and tensor.
 __device__ __forceinline__ void issue_tile(const Params& p, const int* pages, const int32_t* bt_row, int start,
                                            int end, int hc0, int tile, int st, unsigned char* smem,
-                                           uint64_t* bars, int lane) {
+                                           uint64_t* bars, int lane, uint64_t pol) {
     const int t0 = start + tile * p.T;
     const int n = min(p.T, end - t0);
     const uint32_t chunk = (uint32_t)p.HC * p.D * 2;
@@ -129,15 +154,20 @@ __device__ __forceinline__ void issue_tile(const Params& p, const int* pages, co
     __syncwarp();
     unsigned char* kd = smem + p.stage_off + (size_t)st * p.stage_bytes;
     unsigned char* vd = kd + (size_t)p.T * chunk;
-    for (int j = lane; j < n; j += 32) {
-        const int t = t0 + j;
-        const int lp = (t - start) / p.page;
+    const bool by_page = PAGE_COPY && p.HC == p.HK;
+    const int first_page = t0 / p.page;
+    const int n_runs = by_page ? (t0 + n - 1) / p.page - first_page + 1 : n;
+    for (int r = lane; r < n_runs; r += 32) {
+        const int rs = by_page ? max(t0, (first_page + r) * p.page) : t0 + r;
+        const int re = by_page ? min(t0 + n, (first_page + r + 1) * p.page) : rs + 1;
+        const int lp = (rs - start) / p.page;
         const long long gp = (long long)(start / p.page) + lp;
         const int pg = lp < p.split_pages ? pages[lp] : __ldg(bt_row + (gp < p.bt_stride ? gp : p.bt_stride - 1));
-        const long long row = (long long)pg * p.page + (t % p.page);
+        const long long row = (long long)pg * p.page + (rs % p.page);
         const long long off = (row * p.HK + hc0) * p.D;
-        bulk_copy(kd + (size_t)j * chunk, p.k + off, chunk, bars + st);
-        bulk_copy(vd + (size_t)j * chunk, p.v + off, chunk, bars + st);
+        const size_t j = (size_t)(rs - t0) * chunk;
+        bulk_copy(kd + j, p.k + off, chunk * (re - rs), bars + st, pol);
+        bulk_copy(vd + j, p.v + off, chunk * (re - rs), bars + st, pol);
     }
 }
 
@@ -260,11 +290,18 @@ __device__ __forceinline__ void consume(const float (&q)[GT][8], float (&acc)[GT
     }
 }
 
-__device__ __forceinline__ uint4 ldg_stream(const __nv_bfloat16* p) {
+__device__ __forceinline__ uint4 ldg_stream(const __nv_bfloat16* p, uint64_t pol) {
     uint4 r;
+#if L2_EVICT_FIRST
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p), "l"(pol));
+#else
     asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    (void)pol;
+#endif
     return r;
 }
 
@@ -342,8 +379,10 @@ __global__ void __launch_bounds__(THREADS) paged_decode_bulk(Params p) {
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
+    const uint64_t pol = stream_policy();
     if (BULK && warp == 0)
-        for (int t = 0; t < STAGES && t < n_tiles; ++t) issue_tile(p, pages, bt_row, start, end, hc0, t, t, smem, bars, lane);
+        for (int t = 0; t < STAGES && t < n_tiles; ++t)
+            issue_tile(p, pages, bt_row, start, end, hc0, t, t, smem, bars, lane, pol);
 
     float q[GT][8];
 #pragma unroll
@@ -384,7 +423,7 @@ __global__ void __launch_bounds__(THREADS) paged_decode_bulk(Params p) {
             });
             __syncthreads();  // every warp is done with this stage: refill it
             if (warp == 0 && tile + STAGES < n_tiles)
-                issue_tile(p, pages, bt_row, start, end, hc0, tile + STAGES, st, smem, bars, lane);
+                issue_tile(p, pages, bt_row, start, end, hc0, tile + STAGES, st, smem, bars, lane, pol);
         }
     } else {
         const long long head_off = (long long)(hc0 + hl) * p.D + chunk * 8;
@@ -393,8 +432,8 @@ __global__ void __launch_bounds__(THREADS) paged_decode_bulk(Params p) {
             const long long gp = (long long)page0 + lp;
             const int pg = lp < p.split_pages ? pages[lp] : __ldg(bt_row + (gp < p.bt_stride ? gp : p.bt_stride - 1));
             const long long off = ((long long)pg * p.page + (t % p.page)) * p.HK * p.D + head_off;
-            k = ldg_stream(p.k + off);
-            v = ldg_stream(p.v + off);
+            k = ldg_stream(p.k + off, pol);
+            v = ldg_stream(p.v + off, pol);
         });
     }
 
@@ -618,14 +657,14 @@ bool make_plan(int dev, const long long* key) {
 
     // Bulk copies pay where each copy is large (a token's chunk of several heads: the copy
     // engine took ~40 cycles per copy on the H200, so 256-byte ones starve it), the grid
-    // fills at least half the resident blocks and a split is long enough to amortise the
-    // ring's start; otherwise lanes load one head's chunks directly.
+    // fills at least BULK_MIN_FILL% of the resident blocks and a split is long enough to
+    // amortise the ring's start; otherwise lanes load one head's chunks directly.
     int hc = 1;
     for (int c = 1; c <= HK && c <= ns && c <= MAX_HEADS; ++c)
         if (HK % c == 0 && c * D * 2 <= 4096) hc = c;
     Choice c;
     bool bulk = hc * D * 2 >= BULK_MIN_BYTES && choose(p, true, hc, gt, lanes, B, max_tokens, g_sms[dev], c) &&
-                2 * c.blocks >= c.slots && c.split_pages * PAGE >= BULK_MIN_SPLIT;
+                100 * c.blocks >= BULK_MIN_FILL * c.slots && c.split_pages * PAGE >= BULK_MIN_SPLIT;
     if (!bulk && !choose(p, false, 1, gt, lanes, B, max_tokens, g_sms[dev], c)) {
         fprintf(stderr, "paged_decode splitkv_bulk.cu: no block configuration fits the shared memory\n");
         return false;
