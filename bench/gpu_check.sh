@@ -15,7 +15,7 @@
 # (see docs/gpu.md). env: RUN_LANG=cuda|triton, RUN_LIMIT=seconds (run), MORE_LIMIT=seconds (more),
 # TL_LIMIT=seconds (the TileLang run), DEADLINE=seconds (lanes).
 set -uo pipefail
-STAGE=${1:-check}
+STAGE=${1:-${STAGE:-check}}  # the argument, else $STAGE
 OUT=${OUT:-/tmp/optagent-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OPTAGENT_RUNS_DIR="$OUT/runs"
@@ -52,7 +52,7 @@ tilelang_run() {  # issue 8: an offline --language tilelang run on the seed pack
 finish() {
   python3 bench/summarize.py "$OUT" > "$OUT/summary.txt" 2>&1
   (cd "$OUT" && tar czf /tmp/logs.tgz --exclude=keep . 2>/dev/null; mkdir -p keep && mv /tmp/logs.tgz keep/ \
-    && find . -maxdepth 1 -type f ! -name summary.txt ! -name decode_table.txt ! -name run.log -delete; rm -rf runs*)
+    && find . -maxdepth 1 -type f ! -name summary.txt ! -name 'decode_table*.txt' ! -name run.log -delete; rm -rf runs*)
   cat "$OUT/summary.txt"
   [ -f "$OUT/decode_table.txt" ] && cat "$OUT/decode_table.txt"
   true
@@ -78,17 +78,20 @@ decode_tables() {  # issue 5: floor probe, then strategies (and this lane's best
 }
 
 variants() {  # issue 5: knob variants of the CUDA decode strategies side by side (VARIANTS: see decode_variants.py)
+  # in lanes, VARIANTS0 / VARIANTS1 (when set) are the lists of GPU 0 / GPU 1, with tables of their own;
   # FLOOR=0 leaves out the floor probe, SEQ=0 the sequential-pages table (each costs minutes)
-  local list; list=$(python3 bench/decode_variants.py "$OUT/variants" ${VARIANTS:-} 2> "$OUT/variants-build.log")
-  cat "$OUT/variants-build.log"
-  [ "${FLOOR:-1}" = 1 ] && timeout 100 python3 bench/floor_probe.py >> "$OUT/decode_table.txt" 2>&1
+  local gpu=${CUDA_VISIBLE_DEVICES:-} list; local specs="VARIANTS$gpu"
+  local table="$OUT/decode_table${gpu:+-gpu$gpu}.txt"
+  list=$(python3 bench/decode_variants.py "$OUT/variants$gpu" ${!specs:-${VARIANTS:-}} 2> "$OUT/variants-build$gpu.log")
+  cat "$OUT/variants-build$gpu.log"
+  [ "${FLOOR:-1}" = 1 ] && timeout 100 python3 bench/floor_probe.py >> "$table" 2>&1
   for how in zero read; do
-    FLUSH=$how STARTER=0 timeout 240 python3 bench/decode_table.py $list >> "$OUT/decode_table.txt" 2>&1
+    FLUSH=$how STARTER=0 timeout 240 python3 bench/decode_table.py $list >> "$table" 2>&1
   done
   # the same pages in sequence: what the contest's scattered pages cost
   [ "${SEQ:-1}" = 1 ] && TABLE=seq FLUSH=read STARTER=0 timeout 150 python3 bench/decode_table.py \
-    $(echo "$list" | grep -E "/(splitkv|bulk|nomath)\.cu$") >> "$OUT/decode_table.txt" 2>&1
-  true
+    $(echo "$list" | grep -E "/(splitkv|bulk|nomath)\.cu$") >> "$table" 2>&1
+  cat "$table"
 }
 
 pkg_run() {  # pkg_run NAME SECONDS: issue 6, an offline run on tasks/NAME_task_package; starter and best per case
