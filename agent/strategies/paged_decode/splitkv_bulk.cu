@@ -12,7 +12,7 @@
 // pages run side by side. Bulk path: a block takes HC kv heads of a token at once (whole
 // cache rows when HC == HK: all heads of a token are adjacent); a tile is T tokens; warp
 // 0 issues the bulk copies (one per page and tensor with whole rows, else one per token
-// and tensor of HC*D*2 bytes; all marked evict-first in the L2) and refills a stage once
+// and tensor of HC*D*2 bytes) and refills a stage once
 // every warp is done with it. Register path: HC = 1 and each lane loads its 16 bytes of
 // a token straight from the cache. In both, LANES lanes share a token and own 8 dims;
 // a stream of lanes serves one kv head (its GT query heads, fp32 online softmax in exp2)
@@ -45,7 +45,6 @@
 #define BULK_MIN_BYTES 2048  // knob: 512, 1024, 2048, 4096, 8192
 #define BULK_MIN_SPLIT 512  // knob: 128, 256, 512, 1024, 2048
 #define BULK_MIN_FILL 50  // knob: 25, 50, 75, 100
-#define L2_EVICT_FIRST 1  // knob: 0, 1
 #define PAGE_COPY 1  // knob: 0, 1
 
 #define NWARPS (THREADS / 32)
@@ -106,31 +105,12 @@ __device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
     } while (!done);
 }
 
-// The cache is read once per call: marked evict-first in the L2, its lines replace one
-// another instead of whatever else the L2 holds (other kernels' data, dirty lines that
-// would otherwise be written back in the middle of this kernel's reads).
-__device__ __forceinline__ uint64_t stream_policy() {
-    uint64_t pol = 0;
-#if L2_EVICT_FIRST
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-#endif
-    return pol;
-}
-
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t pol) {
-#if L2_EVICT_FIRST
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-            smem_addr(dst)),
-        "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(pol)
-        : "memory");
-#else
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
     asm volatile(
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
             smem_addr(dst)),
         "l"(src), "r"(bytes), "r"(smem_addr(bar))
         : "memory");
-#endif
 }
 
 // Output row of local row r (kv head r / GT of the chunk, query head r % GT of its group chunk).
@@ -146,7 +126,7 @@ __device__ __forceinline__ int out_row(const Params& p, int b, int sq, int hc0, 
 // engine's cost is per copy); otherwise one copy per token and tensor.
 __device__ __forceinline__ void issue_tile(const Params& p, const int* pages, const int32_t* bt_row, int start,
                                            int end, int hc0, int tile, int st, unsigned char* smem,
-                                           uint64_t* bars, int lane, uint64_t pol) {
+                                           uint64_t* bars, int lane) {
     const int t0 = start + tile * p.T;
     const int n = min(p.T, end - t0);
     const uint32_t chunk = (uint32_t)p.HC * p.D * 2;
@@ -166,8 +146,8 @@ __device__ __forceinline__ void issue_tile(const Params& p, const int* pages, co
         const long long row = (long long)pg * p.page + (rs % p.page);
         const long long off = (row * p.HK + hc0) * p.D;
         const size_t j = (size_t)(rs - t0) * chunk;
-        bulk_copy(kd + j, p.k + off, chunk * (re - rs), bars + st, pol);
-        bulk_copy(vd + j, p.v + off, chunk * (re - rs), bars + st, pol);
+        bulk_copy(kd + j, p.k + off, chunk * (re - rs), bars + st);
+        bulk_copy(vd + j, p.v + off, chunk * (re - rs), bars + st);
     }
 }
 
@@ -290,18 +270,11 @@ __device__ __forceinline__ void consume(const float (&q)[GT][8], float (&acc)[GT
     }
 }
 
-__device__ __forceinline__ uint4 ldg_stream(const __nv_bfloat16* p, uint64_t pol) {
+__device__ __forceinline__ uint4 ldg_stream(const __nv_bfloat16* p) {
     uint4 r;
-#if L2_EVICT_FIRST
-    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-        : "l"(p), "l"(pol));
-#else
     asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
         : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
         : "l"(p));
-    (void)pol;
-#endif
     return r;
 }
 
@@ -379,10 +352,9 @@ __global__ void __launch_bounds__(THREADS) paged_decode_bulk(Params p) {
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    const uint64_t pol = stream_policy();
     if (BULK && warp == 0)
         for (int t = 0; t < STAGES && t < n_tiles; ++t)
-            issue_tile(p, pages, bt_row, start, end, hc0, t, t, smem, bars, lane, pol);
+            issue_tile(p, pages, bt_row, start, end, hc0, t, t, smem, bars, lane);
 
     float q[GT][8];
 #pragma unroll
@@ -423,7 +395,7 @@ __global__ void __launch_bounds__(THREADS) paged_decode_bulk(Params p) {
             });
             __syncthreads();  // every warp is done with this stage: refill it
             if (warp == 0 && tile + STAGES < n_tiles)
-                issue_tile(p, pages, bt_row, start, end, hc0, tile + STAGES, st, smem, bars, lane, pol);
+                issue_tile(p, pages, bt_row, start, end, hc0, tile + STAGES, st, smem, bars, lane);
         }
     } else {
         const long long head_off = (long long)(hc0 + hl) * p.D + chunk * 8;
@@ -432,8 +404,8 @@ __global__ void __launch_bounds__(THREADS) paged_decode_bulk(Params p) {
             const long long gp = (long long)page0 + lp;
             const int pg = lp < p.split_pages ? pages[lp] : __ldg(bt_row + (gp < p.bt_stride ? gp : p.bt_stride - 1));
             const long long off = ((long long)pg * p.page + (t % p.page)) * p.HK * p.D + head_off;
-            k = ldg_stream(p.k + off, pol);
-            v = ldg_stream(p.v + off, pol);
+            k = ldg_stream(p.k + off);
+            v = ldg_stream(p.v + off);
         });
     }
 

@@ -44,8 +44,8 @@ def _step_row(K, V, bt_row, page, n0, end, head_off, q, m_i, l_i, acc, offs_n, o
     page_nx = tl.load(bt_row + tok_nx // PAGE, mask=tok_nx < end, other=0)
     ptrs = row[:, None] + offs_d[None, :]
     kv_mask = valid[:, None] & d_ok[None, :]
-    k = tl.load(K + ptrs, mask=kv_mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-    v = tl.load(V + ptrs, mask=kv_mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    k = tl.load(K + ptrs, mask=kv_mask, other=0.0).to(tl.float32)
+    v = tl.load(V + ptrs, mask=kv_mask, other=0.0).to(tl.float32)
     s = tl.sum(k * q[None, :], axis=1)
     s = tl.where(valid, s, -float("inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=0))
@@ -70,8 +70,8 @@ def _step_rows(K, V, bt_row, page, n0, end, head_off, q, m_i, l_i, acc, offs_n, 
     page_nx = tl.load(bt_row + tok_nx // PAGE, mask=tok_nx < end, other=0)
     ptrs = row[:, None] + offs_d[None, :]
     kv_mask = valid[:, None] & d_ok[None, :]
-    k = tl.load(K + ptrs, mask=kv_mask, other=0.0, eviction_policy="evict_first")
-    v = tl.load(V + ptrs, mask=kv_mask, other=0.0, eviction_policy="evict_first")
+    k = tl.load(K + ptrs, mask=kv_mask, other=0.0)
+    v = tl.load(V + ptrs, mask=kv_mask, other=0.0)
     if DOT_F32:  # the CPU interpreter's bf16 dot is unreliable; GPUs take the bf16 path
         k = k.to(tl.float32)
         v = v.to(tl.float32)
