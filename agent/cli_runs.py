@@ -71,9 +71,11 @@ def _progress(con, t0: float):
         status = r.status.value if r else "NO_KERNEL"
         style = STATUS_STYLE.get(r.status, "") if r else "yellow"
         gm = r.geomean_speedup if r else None
+        # the decision is on this time; the speedup also moves with the baseline's own timing
+        us = fmt(r.geomean_time_us if r else None, ".1f", " us")
         elapsed = time.monotonic() - t0
         con.print(f"step {step.index:>3}  [{style}]{status:<13}[/] {step.outcome.value:<10} "
-                  f"{ratio(gm):>8}  best {ratio(state.best_geomean_speedup):>8}  "
+                  f"{ratio(gm):>8} {us:>11}  best {ratio(state.best_geomean_speedup):>8}  "
                   f"tokens {state.usage.prompt_tokens + state.usage.completion_tokens:>7}  "
                   f"${state.usage.cost_usd:.2f}  {elapsed:6.0f}s  {step.idea[:70]}", soft_wrap=True)
         if step.error and not r:
@@ -199,11 +201,12 @@ def cmd_show(a) -> int:
               f"planner {cfg.planner}{'/' + cfg.model if cfg.model else ''}; status {st.status.value if st else 'NEW'}",
               markup=False, soft_wrap=True)
     t = Table(title_justify="left")
-    for col in ("step", "outcome", "status", "geomean", "idea"):
+    for col in ("step", "outcome", "status", "geomean", "geomean us", "idea"):
         t.add_column(col)
     for s in store.steps():
         t.add_row(str(s.index), s.outcome.value, s.result.status.value if s.result else "-",
-                  fmt(s.result.geomean_speedup if s.result else None, ".2f", "x"), s.idea[:80])
+                  fmt(s.result.geomean_speedup if s.result else None, ".2f", "x"),
+                  fmt(s.result.geomean_time_us if s.result else None, ".1f"), s.idea[:80])
     con.print(t)
     best = store.best()
     if best:
