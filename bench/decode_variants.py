@@ -2,7 +2,8 @@
 
 Writes each variant's source under OUT_DIR, compiles them all at once into the evaluator's
 build cache (so decode_table's own build is a cache hit), and prints their paths. A variant
-is NAME=KNOB:VALUE,KNOB:VALUE on a strategy file; `nomath` drops the bulk path's
+is NAME=KNOB:VALUE,KNOB:VALUE on a strategy file (or on a file named by its path from the
+repository root, such as an earlier version kept aside); `nomath` drops the bulk path's
 arithmetic (its result is wrong: it measures how fast the copies alone stream; cases on
 the register path are unaffected).
 
@@ -39,7 +40,7 @@ def variant(spec: str, out_dir: Path) -> Path:
 
     file, rest = spec.split(":", 1)
     name, _, knobs = rest.partition("=")
-    source = (STRATEGIES / file).read_text(encoding="utf-8")
+    source = (ROOT / file if "/" in file else STRATEGIES / file).read_text(encoding="utf-8")
     setting = {k: int(v) for k, v in (kv.split(":") for kv in knobs.split(",") if kv)}
     if setting:
         source = set_knobs(source, setting)

@@ -327,7 +327,23 @@ __global__ void __launch_bounds__(THREADS) paged_decode_bulk(Params p) {
     const bool active = sub < nsub;  // NS need not be a multiple of HC
     const int nrows = p.HC * GT;
 
+    // The queries and this split's page ids do not depend on the sequence's length: their
+    // loads go out together with its load, so a block waits one memory round trip before
+    // its first cache load, not three.
+    const int32_t* bt_row = p.block_table + (long long)b * p.bt_stride;
+    const int page0 = split * p.split_pages;
+    uint4 q_raw[GT];
+#pragma unroll
+    for (int g = 0; g < GT; ++g) {
+        const int row = out_row(p, b, sq, hc0, gc, hl * GT + g, GT);
+        q_raw[g] = make_uint4(0, 0, 0, 0);
+        if (chunk_ok && active) q_raw[g] = __ldg(reinterpret_cast<const uint4*>(p.q + (long long)row * p.D + chunk * 8));
+    }
     const int seq_len = __ldg(p.seqlens + b);
+#pragma unroll 4
+    for (int i = tid; i < p.split_pages; i += THREADS)
+        pages[i] = (page0 + i < p.bt_stride) ? __ldg(bt_row + page0 + i) : 0;
+
     const int limit = p.causal ? min(seq_len, seq_len - p.SQ + 1 + sq) : seq_len;
     const int n_act = limit <= 0 ? 0 : min((limit + p.split_tokens - 1) / p.split_tokens, p.n_splits);
     if (split >= n_act) {
@@ -342,11 +358,6 @@ __global__ void __launch_bounds__(THREADS) paged_decode_bulk(Params p) {
     const int start = split * p.split_tokens;
     const int end = (split == n_act - 1) ? limit : start + p.split_tokens;
     const int n_tiles = (end - start + p.T - 1) / p.T;
-
-    const int32_t* bt_row = p.block_table + (long long)b * p.bt_stride;
-    const int page0 = start / p.page, n_pages = (end - start + p.page - 1) / p.page;
-    for (int i = tid; i < n_pages && i < p.split_pages; i += THREADS)
-        pages[i] = (page0 + i < p.bt_stride) ? __ldg(bt_row + page0 + i) : 0;
     if (BULK) {
         if (tid < STAGES) bar_init(bars + tid, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -359,16 +370,9 @@ __global__ void __launch_bounds__(THREADS) paged_decode_bulk(Params p) {
     float q[GT][8];
 #pragma unroll
     for (int g = 0; g < GT; ++g) {
-        const int row = out_row(p, b, sq, hc0, gc, hl * GT + g, GT);
-        if (chunk_ok && active) {
-            const uint4 u = __ldg(reinterpret_cast<const uint4*>(p.q + (long long)row * p.D + chunk * 8));
-            bf16x8_to_float(u, q[g]);
+        bf16x8_to_float(q_raw[g], q[g]);
 #pragma unroll
-            for (int j = 0; j < 8; ++j) q[g][j] *= p.qk_scale;
-        } else {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) q[g][j] = 0.f;
-        }
+        for (int j = 0; j < 8; ++j) q[g][j] *= p.qk_scale;
     }
     float acc[GT][8], m[GT], l[GT];
 #pragma unroll
