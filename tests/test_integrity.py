@@ -158,6 +158,25 @@ def test_object_scan_accepts_every_cuda_starter_and_strategy(tmp_path):
         assert scan_cuda_object(str(obj)) is None, p
 
 
+@NEEDS_BINUTILS
+def test_build_all_builds_side_by_side_and_names_each_failure(tmp_path, monkeypatch):
+    from optagent.backends.cuda import build_all, cache_dir
+
+    monkeypatch.setenv("OPTAGENT_CACHE", str(tmp_path / "cache"))
+    srcs = {}
+    for name in ("starter", "broken", "cuda_system"):
+        srcs[name] = tmp_path / name / f"{name}.cu"
+        srcs[name].parent.mkdir()
+    srcs["starter"].write_text((ROOT / "tasks/flashattn_task_package/starter/decode_cuda.cu").read_text())
+    srcs["broken"].write_text(srcs["starter"].read_text().replace("run_kernel(", "run_kernel(undeclared_t x, ", 1))
+    srcs["cuda_system"].write_text((ATTACKS / "cuda_system.cu").read_text())
+    failed = build_all(list(srcs.values()), device="cpu")
+    assert set(failed) == {srcs["broken"], srcs["cuda_system"]}
+    assert "CompileError" in failed[srcs["broken"]] and "undeclared_t" in failed[srcs["broken"]]
+    assert "Refused" in failed[srcs["cuda_system"]]
+    assert len(list(cache_dir().glob("*.so"))) == 1  # only the one that built, and passed the check
+
+
 def test_scan_accepts_every_starter_and_strategy():
     honest = [p for pattern in ("tasks/*/starter/*", "agent/strategies/**/*") for p in ROOT.glob(pattern)
               if p.suffix in (".py", ".cu") and p.name != "__init__.py"]

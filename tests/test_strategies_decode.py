@@ -283,15 +283,10 @@ def test_cuda_strategy_is_correct_on_the_gpu_at_every_knob_extreme(strategy, tmp
         pytest.skip("no CUDA GPU")
     source = (FAMILY / strategy["file"]).read_text(encoding="utf-8")
     jobs, labels = _variant_jobs(source, tmp_path, Path(strategy["file"]), tuple(GPU_CASES))
-    from concurrent.futures import ThreadPoolExecutor
+    from optagent.backends.cuda import build_all
 
-    from optagent.backends.cuda import CudaBackend
-
-    def build(path: str) -> None:  # into the backend's cache, all variants at once
-        CudaBackend("cuda", None, 600).prepare(Path(path), Path(path).parent)
-
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 4) as pool:
-        list(pool.map(build, labels))
+    failed = build_all([Path(p) for p in labels])  # all variants at once, into the backend's cache
+    assert not failed, "\n".join(f"{labels[str(p)]}: {e}" for p, e in failed.items())
     runner = tmp_path / "runner.py"
     runner.write_text(RUNNER)
     try:

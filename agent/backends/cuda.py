@@ -16,8 +16,9 @@ import re
 import shlex
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from ..cache import cache_root
 from ..object_scan import scan_cuda_object
@@ -158,6 +159,21 @@ class CudaBackend:
             fn(*converted)
 
         return run_kernel
+
+
+def build_all(paths: Sequence[Path], device: str = "cuda", timeout_s: float = 600) -> dict[Path, str]:
+    """Builds every source into the build cache at once (one nvcc uses one core), each in
+    its own folder's scratch; returns why each one that failed did, by path."""
+    def build(path: Path) -> str:
+        try:
+            CudaBackend(device, None, timeout_s).prepare(path, path.parent)
+            return ""
+        except Exception as e:  # reported to the caller, who decides what a failure means
+            return f"{type(e).__name__}: {str(e)[:300]}"
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 4) as pool:
+        errors = list(pool.map(build, paths))
+    return {p: e for p, e in zip(paths, errors) if e}
 
 
 def first_errors(log: str, source_path: Path, lines: int = 8) -> str:
