@@ -13,6 +13,7 @@ all-minimum and all-maximum knobs (skipped without nvcc).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ from optagent.schema import Language
 from strategy_checks import check_manifest, check_scan_and_knobs, family
 
 FAMILY, SPEC, STRATEGIES = family("paged_decode")
+ROOT = Path(__file__).resolve().parents[1]
 TRITON = [s for s in STRATEGIES if s["language"] == "triton"]
 CUDA = [s for s in STRATEGIES if s["language"] == "cuda"]
 
@@ -302,6 +304,16 @@ def test_cuda_strategy_is_correct_on_the_gpu_at_every_knob_extreme(strategy, tmp
            + (r["error"] if "error" in r else "NaN left" if not r["finite"] else f"relative error {r['err']:.3g}")
            for r in recs if "error" in r or not r["finite"] or r["err"] > 1e-2]
     assert not bad, "\n".join(bad)
+
+
+def test_bench_default_variants_name_knobs_the_strategies_have(tmp_path):
+    """bench/decode_variants.py's default list is only run on a GPU: a knob it names that a
+    strategy dropped would cost a device call to find out."""
+    spec = importlib.util.spec_from_file_location("decode_variants", ROOT / "bench" / "decode_variants.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    written = [bench.variant(s, tmp_path) for s in bench.DEFAULT]
+    assert len(written) == len(bench.DEFAULT) and all(p.stat().st_size > 0 for p in written)
 
 
 def test_a_strategy_not_yet_gpu_checked_stays_out_of_runs():
