@@ -50,8 +50,10 @@ CASES = {
 KNOB_CASES = ["mha_small", "gqa2_small"]  # at each knob extreme (the default runs every case)
 # Too big for the interpreter, run on the GPU only, at the defaults and every knob extreme: long
 # enough and wide enough (whole 2 KB cache rows, a grid over half the GPU) for the bulk-copy path,
-# with partial last pages, a one-token sequence and one longer than the planned seqlen_k.
-GPU_CASES = {"bulk_ragged_long": (5, 8, 8, 128, [16400, 16383, 1, 9000, 16384], 16384, 1, 0)}
+# with partial last pages, a one-token sequence and one longer than the planned seqlen_k. With
+# three sequences the grid is too small for the bulk path's usual ring and takes the deep one.
+GPU_CASES = {"bulk_ragged_long": (5, 8, 8, 128, [16400, 16383, 1, 9000, 16384], 16384, 1, 0),
+             "deep_ring_ragged": (3, 8, 8, 128, [16400, 1, 12345], 16384, 1, 0)}
 
 RUNNER = r'''
 import json, math, os, sys, traceback

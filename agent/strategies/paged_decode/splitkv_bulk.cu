@@ -4,7 +4,8 @@
 // Why: a decode step reads every cached byte once and does almost no arithmetic per
 // byte, so its speed is how many bytes are in flight. Loads into registers hold
 // registers until they land, which caps the bytes per SM; bulk copies into a ring of
-// STAGES shared-memory tiles keep STAGES tiles in flight per block without a register.
+// STAGES shared-memory tiles keep STAGES tiles in flight per block without a register
+// (DEEP_STAGES where a grid of few units and splits would leave blocks idle).
 // Short or small problems are latency-bound instead, and there lanes load directly.
 //
 // Grid: (batch, query position, chunk of HC kv heads, chunk of GT query heads per kv
@@ -36,6 +37,13 @@
 
 #define THREADS 256  // knob: 128, 256, 512
 #define STAGES 3  // knob: 2, 3, 4, 6
+// The deep ring: a bulk path whose grid of few units and splits would leave resident
+// blocks idle takes wider blocks (one per SM, more warps to consume) with a deeper ring
+// of larger stages instead, so that fewer blocks keep as many bytes in flight and are
+// consumed as fast (DEEP_STAGES 0: such shapes take the register path).
+#define DEEP_STAGES 2  // knob: 0, 2, 3
+#define DEEP_STAGE_KB 64  // knob: 32, 64
+#define DEEP_THREADS 512  // knob: 256, 512
 #define STAGE_KB 32  // knob: 8, 16, 32, 64
 #define TOK_UNROLL 4  // knob: 1, 2, 4
 #define WAVES 1  // knob: 1, 2, 4
@@ -47,7 +55,7 @@
 #define BULK_MIN_FILL 50  // knob: 25, 50, 75, 100
 #define PAGE_COPY 1  // knob: 0, 1
 
-#define NWARPS (THREADS / 32)
+#define RING_MAX (STAGES > DEEP_STAGES ? STAGES : DEEP_STAGES)
 #define LOG2E_F 1.4426950408889634f
 
 namespace {
@@ -66,7 +74,7 @@ struct Params {
     long long bt_stride;
     int H, HK, group, SQ, D, page, causal;
     int HC, hchunks, gchunks, T;
-    int n_splits, split_tokens, split_pages;
+    int n_splits, split_tokens, split_pages, stages;
     int pages_off, stage_off, stage_bytes;  // shared-memory layout, bytes
     float qk_scale;
 };
@@ -152,66 +160,90 @@ __device__ __forceinline__ void issue_tile(const Params& p, const int* pages, co
 }
 
 // The last block of a unit merges the n_act partials of its rows and writes bf16.
-// Block-wide (has __syncthreads). s_w: 16-byte aligned shared memory of combine_bytes().
-__host__ __device__ inline size_t combine_bytes(int nrows, int n_act) {
-    return (size_t)((nrows * (n_act + 1) + 3) & ~3) * sizeof(float) + (size_t)THREADS * 16;
-}
+// Each thread owns 4 dims of a row and takes every groups-th split; it loads a split's
+// maximum, denominator and partial together (none waits on another) and merges them
+// online, so the merge costs one round trip per 8 splits a thread takes, not a pass for
+// the maxima, one for the weights and one for the partials. Block-wide (__syncthreads).
+// s_w: 16-byte aligned shared memory of combine_bytes(NT).
+__host__ __device__ constexpr size_t combine_bytes(int nt) { return (size_t)nt * (16 + 8); }
 
+template <int NT>
 __device__ void combine(const Params& p, const int* rows, int nrows, int n_act, float* s_w) {
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    float* s_l = s_w + nrows * n_act;
-    for (int r = warp; r < nrows; r += NWARPS) {
-        const long long base = (long long)rows[r] * p.n_splits;
-        float mx = -INFINITY;
-        for (int s = lane; s < n_act; s += 32) mx = fmaxf(mx, __ldcg(p.m_buf + base + s));
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-        if (mx == -INFINITY) mx = 0.f;
-        float lsum = 0.f;
-        for (int s = lane; s < n_act; s += 32) {
-            const float w = exp2f(__ldcg(p.m_buf + base + s) - mx);
-            s_w[r * n_act + s] = w;
-            lsum += w * __ldcg(p.l_buf + base + s);
-        }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, off);
-        if (lane == 0) s_l[r] = lsum;
-    }
-    __syncthreads();
-    // every (row, 4 dims) item is summed over the splits by `groups` threads, each taking
-    // every groups-th split, so that a few splits' loads per thread are all in flight at once
+    constexpr int CU = 8;  // splits whose loads a thread has in flight at once
+    const int tid = threadIdx.x;
     const int d4 = p.D / 4, items = nrows * d4;
-    const int groups = items >= THREADS ? 1 : THREADS / items;
-    float4* s_part = reinterpret_cast<float4*>(s_w + ((nrows * (n_act + 1) + 3) & ~3));
-    for (int base = 0; base < items; base += THREADS) {
-        const int idx = base + tid % (groups == 1 ? THREADS : items), grp = groups == 1 ? 0 : tid / items;
+    int groups = items >= NT ? 1 : NT / items;
+    if (groups > n_act) groups = n_act;
+    float4* s_o = reinterpret_cast<float4*>(s_w);
+    float* s_mx = s_w + 4 * NT;
+    float* s_l = s_mx + NT;
+    const int span = groups == 1 ? NT : items;
+    for (int base = 0; base < items; base += NT) {
+        const int idx = base + tid % span, grp = groups == 1 ? 0 : tid / span;
+        const bool mine = idx < items && grp < groups;
+        float mx = -INFINITY, l = 0.f;
         float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (idx < items && grp < groups) {
-            const int r = idx / d4, c = idx - r * d4;
-            const float4* a = reinterpret_cast<const float4*>(p.a_buf + (long long)rows[r] * p.n_splits * p.D) + c;
-            const float* w = s_w + r * n_act;
-#pragma unroll 8
-            for (int s = grp; s < n_act; s += groups) {
-                const float4 x = __ldcg(a + (long long)s * d4);
-                o.x = fmaf(w[s], x.x, o.x);
-                o.y = fmaf(w[s], x.y, o.y);
-                o.z = fmaf(w[s], x.z, o.z);
-                o.w = fmaf(w[s], x.w, o.w);
+        const int r = mine ? idx / d4 : 0, c = mine ? idx - r * d4 : 0;
+        if (mine) {
+            const long long rb = (long long)rows[r] * p.n_splits;
+            const float4* a = reinterpret_cast<const float4*>(p.a_buf + rb * p.D) + c;
+            for (int s0 = grp; s0 < n_act; s0 += CU * groups) {
+                float ms[CU], ls[CU];
+                float4 xs[CU];
+#pragma unroll
+                for (int u = 0; u < CU; ++u) {
+                    const int s = s0 + u * groups;
+                    ms[u] = -INFINITY;
+                    ls[u] = 0.f;
+                    xs[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+                    if (s < n_act) {
+                        ms[u] = __ldcg(p.m_buf + rb + s);
+                        ls[u] = __ldcg(p.l_buf + rb + s);
+                        xs[u] = __ldcg(a + (long long)s * d4);
+                    }
+                }
+                float nm = mx;
+#pragma unroll
+                for (int u = 0; u < CU; ++u) nm = fmaxf(nm, ms[u]);
+                const float mu = (nm == -INFINITY) ? 0.f : nm;
+                const float alpha = exp2f(mx - mu);
+                l *= alpha;
+                o.x *= alpha; o.y *= alpha; o.z *= alpha; o.w *= alpha;
+#pragma unroll
+                for (int u = 0; u < CU; ++u) {
+                    const float w = exp2f(ms[u] - mu);
+                    l = fmaf(w, ls[u], l);
+                    o.x = fmaf(w, xs[u].x, o.x);
+                    o.y = fmaf(w, xs[u].y, o.y);
+                    o.z = fmaf(w, xs[u].z, o.z);
+                    o.w = fmaf(w, xs[u].w, o.w);
+                }
+                mx = nm;
             }
         }
-        if (groups > 1) {
-            s_part[tid] = o;
+        if (groups > 1) {  // then items < NT: this loop runs once
+            s_o[tid] = o;
+            s_mx[tid] = mx;
+            s_l[tid] = l;
             __syncthreads();
-            if (grp == 0 && idx < items) {
+            if (grp == 0 && mine) {
+                float nm = mx;
+                for (int g = 1; g < groups; ++g) nm = fmaxf(nm, s_mx[g * items + idx]);
+                const float mu = (nm == -INFINITY) ? 0.f : nm;
+                const float f0 = exp2f(mx - mu);
+                l *= f0;
+                o.x *= f0; o.y *= f0; o.z *= f0; o.w *= f0;
                 for (int g = 1; g < groups; ++g) {
-                    const float4 x = s_part[g * items + idx];
-                    o.x += x.x; o.y += x.y; o.z += x.z; o.w += x.w;
+                    const int j = g * items + idx;
+                    const float f = exp2f(s_mx[j] - mu);
+                    const float4 x = s_o[j];
+                    l = fmaf(f, s_l[j], l);
+                    o.x = fmaf(f, x.x, o.x); o.y = fmaf(f, x.y, o.y); o.z = fmaf(f, x.z, o.z); o.w = fmaf(f, x.w, o.w);
                 }
             }
         }
-        if (grp == 0 && idx < items) {
-            const int r = idx / d4, c = idx - r * d4;
-            const float inv = s_l[r] > 0.f ? 1.f / s_l[r] : 0.f;
+        if (grp == 0 && mine) {
+            const float inv = l > 0.f ? 1.f / l : 0.f;
             __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(p.out + (long long)rows[r] * p.D + 4 * c);
             dst[0] = __floats2bfloat162_rn(o.x * inv, o.y * inv);
             dst[1] = __floats2bfloat162_rn(o.z * inv, o.w * inv);
@@ -302,9 +334,9 @@ __device__ __forceinline__ void stream_tokens(int n, int sub, int nsub, bool act
 
 // BULK: K/V tiles arrive in shared memory by bulk copy; else each lane loads its token
 // chunks from global memory into registers (better for short splits and small chunks).
-template <int LANES, int GT, bool BULK>
-__global__ void __launch_bounds__(THREADS) paged_decode_bulk(Params p) {
-    constexpr int NS = THREADS / LANES;  // token streams in the block
+template <int LANES, int GT, bool BULK, int NT>
+__global__ void __launch_bounds__(NT) paged_decode_bulk(Params p) {
+    constexpr int NS = NT / LANES;  // token streams in the block
     constexpr int U = TOK_UNROLL;
     extern __shared__ __align__(128) unsigned char smem[];
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem);
@@ -341,14 +373,14 @@ __global__ void __launch_bounds__(THREADS) paged_decode_bulk(Params p) {
     }
     const int seq_len = __ldg(p.seqlens + b);
 #pragma unroll 4
-    for (int i = tid; i < p.split_pages; i += THREADS)
+    for (int i = tid; i < p.split_pages; i += NT)
         pages[i] = (page0 + i < p.bt_stride) ? __ldg(bt_row + page0 + i) : 0;
 
     const int limit = p.causal ? min(seq_len, seq_len - p.SQ + 1 + sq) : seq_len;
     const int n_act = limit <= 0 ? 0 : min((limit + p.split_tokens - 1) / p.split_tokens, p.n_splits);
     if (split >= n_act) {
         if (split == 0) {  // nothing to attend to: zeros
-            for (int idx = tid; idx < nrows * p.D; idx += THREADS) {
+            for (int idx = tid; idx < nrows * p.D; idx += NT) {
                 const int r = idx / p.D;
                 p.out[(long long)out_row(p, b, sq, hc0, gc, r, GT) * p.D + idx % p.D] = __float2bfloat16(0.f);
             }
@@ -359,12 +391,12 @@ __global__ void __launch_bounds__(THREADS) paged_decode_bulk(Params p) {
     const int end = (split == n_act - 1) ? limit : start + p.split_tokens;
     const int n_tiles = (end - start + p.T - 1) / p.T;
     if (BULK) {
-        if (tid < STAGES) bar_init(bars + tid, 1);
+        if (tid < p.stages) bar_init(bars + tid, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
     if (BULK && warp == 0)
-        for (int t = 0; t < STAGES && t < n_tiles; ++t)
+        for (int t = 0; t < p.stages && t < n_tiles; ++t)
             issue_tile(p, pages, bt_row, start, end, hc0, t, t, smem, bars, lane);
 
     float q[GT][8];
@@ -386,9 +418,8 @@ __global__ void __launch_bounds__(THREADS) paged_decode_bulk(Params p) {
     if (BULK) {
         const int row_elems = p.HC * p.D;  // one token's chunk in a tile, in bf16 elements
         const int lane_off = hl * p.D + chunk * 8;
-        for (int tile = 0; tile < n_tiles; ++tile) {
-            const int st = tile % STAGES;
-            bar_wait(bars + st, (tile / STAGES) & 1);
+        for (int tile = 0, st = 0, phase = 0; tile < n_tiles; ++tile) {
+            bar_wait(bars + st, phase);
             const int n = min(p.T, end - start - tile * p.T);
             const __nv_bfloat16* ks =
                 reinterpret_cast<const __nv_bfloat16*>(smem + p.stage_off + (size_t)st * p.stage_bytes);
@@ -398,8 +429,9 @@ __global__ void __launch_bounds__(THREADS) paged_decode_bulk(Params p) {
                 v = *reinterpret_cast<const uint4*>(vs + (size_t)j * row_elems + lane_off);
             });
             __syncthreads();  // every warp is done with this stage: refill it
-            if (warp == 0 && tile + STAGES < n_tiles)
-                issue_tile(p, pages, bt_row, start, end, hc0, tile + STAGES, st, smem, bars, lane);
+            if (warp == 0 && tile + p.stages < n_tiles)
+                issue_tile(p, pages, bt_row, start, end, hc0, tile + p.stages, st, smem, bars, lane);
+            if (++st == p.stages) st = 0, phase ^= 1;
         }
     } else {
         const long long head_off = (long long)(hc0 + hl) * p.D + chunk * 8;
@@ -435,7 +467,7 @@ __global__ void __launch_bounds__(THREADS) paged_decode_bulk(Params p) {
     }
     __syncthreads();
     const bool direct = (n_act == 1);
-    for (int idx = tid; idx < nrows * p.D; idx += THREADS) {
+    for (int idx = tid; idx < nrows * p.D; idx += NT) {
         const int r = idx / p.D, d = idx - r * p.D;
         const int h = r / GT, g = r % GT;
         float mx = -INFINITY;
@@ -474,17 +506,17 @@ __global__ void __launch_bounds__(THREADS) paged_decode_bulk(Params p) {
     if (!s_last) return;
     __threadfence();
     int* rows = reinterpret_cast<int*>(smem + p.pages_off);  // the page ids are no longer needed
-    for (int r = tid; r < nrows; r += THREADS) rows[r] = out_row(p, b, sq, hc0, gc, r, GT);
+    for (int r = tid; r < nrows; r += NT) rows[r] = out_row(p, b, sq, hc0, gc, r, GT);
     __syncthreads();
-    combine(p, rows, nrows, n_act, reinterpret_cast<float*>(smem + p.stage_off));
+    combine<NT>(p, rows, nrows, n_act, reinterpret_cast<float*>(smem + p.stage_off));
 }
 
-template <int LANES, int GT, bool BULK>
+template <int LANES, int GT, bool BULK, int NT>
 struct Kernel {
     static bool configure(size_t smem) {
         static size_t allowed = 48 * 1024;  // dynamic shared memory allowed without opting in
         if (smem <= allowed) return true;
-        if (cudaFuncSetAttribute(paged_decode_bulk<LANES, GT, BULK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        if (cudaFuncSetAttribute(paged_decode_bulk<LANES, GT, BULK, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)smem) != cudaSuccess)
             return false;
         allowed = smem;
@@ -493,40 +525,46 @@ struct Kernel {
     static int resident(size_t smem) {
         int n = 0;
         if (!configure(smem) || cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                    &n, paged_decode_bulk<LANES, GT, BULK>, THREADS, smem) != cudaSuccess)
+                                    &n, paged_decode_bulk<LANES, GT, BULK, NT>, NT, smem) != cudaSuccess)
             return 0;
         return n;
     }
     static int run(int op, const Params& p, dim3 grid, size_t smem) {
         if (op == 0) return resident(smem);
         if (!configure(smem)) return 0;
-        paged_decode_bulk<LANES, GT, BULK><<<grid, THREADS, smem>>>(p);
+        paged_decode_bulk<LANES, GT, BULK, NT><<<grid, NT, smem>>>(p);
         return 1;
     }
 };
 
-// Over the compiled (LANES, GT, BULK) kernels; op 0: blocks resident per SM, op 1: launch.
-template <int LANES, bool BULK>
+// Over the compiled (LANES, GT, BULK, NT) kernels; op 0: blocks resident per SM, op 1: launch.
+// The deep ring's wider blocks exist for query groups of up to 2 heads per block only: more
+// would not fit their registers.
+template <int LANES, bool BULK, int NT>
 int dispatch_gt(int op, int gt, const Params& p, dim3 grid, size_t smem) {
-    switch (gt) {
-        case 8: return Kernel<LANES, 8, BULK>::run(op, p, grid, smem);
-        case 4: return Kernel<LANES, 4, BULK>::run(op, p, grid, smem);
-        case 2: return Kernel<LANES, 2, BULK>::run(op, p, grid, smem);
-        default: return Kernel<LANES, 1, BULK>::run(op, p, grid, smem);
+    if (gt == 1) return Kernel<LANES, 1, BULK, NT>::run(op, p, grid, smem);
+    if (gt == 2) return Kernel<LANES, 2, BULK, NT>::run(op, p, grid, smem);
+    if constexpr (NT == THREADS) {
+        if (gt == 4) return Kernel<LANES, 4, BULK, NT>::run(op, p, grid, smem);
+        return Kernel<LANES, 8, BULK, NT>::run(op, p, grid, smem);
     }
+    return 0;
 }
 
-template <bool BULK>
+template <bool BULK, int NT>
 int dispatch_lanes(int op, int lanes, int gt, const Params& p, dim3 grid, size_t smem) {
     switch (lanes) {
-        case 8: return dispatch_gt<8, BULK>(op, gt, p, grid, smem);
-        case 16: return dispatch_gt<16, BULK>(op, gt, p, grid, smem);
-        default: return dispatch_gt<32, BULK>(op, gt, p, grid, smem);
+        case 8: return dispatch_gt<8, BULK, NT>(op, gt, p, grid, smem);
+        case 16: return dispatch_gt<16, BULK, NT>(op, gt, p, grid, smem);
+        default: return dispatch_gt<32, BULK, NT>(op, gt, p, grid, smem);
     }
 }
 
-int dispatch(int op, bool bulk, int lanes, int gt, const Params& p, dim3 grid, size_t smem) {
-    return bulk ? dispatch_lanes<true>(op, lanes, gt, p, grid, smem) : dispatch_lanes<false>(op, lanes, gt, p, grid, smem);
+// nt: THREADS, or DEEP_THREADS on the bulk path
+int dispatch(int op, bool bulk, int lanes, int gt, int nt, const Params& p, dim3 grid, size_t smem) {
+    if (!bulk) return dispatch_lanes<false, THREADS>(op, lanes, gt, p, grid, smem);
+    if (nt == THREADS) return dispatch_lanes<true, THREADS>(op, lanes, gt, p, grid, smem);
+    return dispatch_lanes<true, DEEP_THREADS>(op, lanes, gt, p, grid, smem);
 }
 
 struct Plan {
@@ -534,7 +572,7 @@ struct Plan {
     Params p;
     dim3 grid;
     size_t smem;
-    int lanes, gt;
+    int lanes, gt, nt;
     bool bulk, valid;
 };
 
@@ -564,12 +602,12 @@ bool grow(void** buf, size_t* cap, size_t n, size_t size) {
 
 // Shared-memory layout of a block: mbarriers, staged page ids (at least one int per
 // row, reused for the combine's row list), then the stages (reused for the merges).
-size_t layout(Params& p, bool bulk, int gt, int ns, int split_pages, int n_splits) {
-    const size_t pages_off = align128(STAGES * sizeof(uint64_t));
+size_t layout(Params& p, bool bulk, int gt, int ns, int nt, int split_pages) {
+    const size_t pages_off = align128(RING_MAX * sizeof(uint64_t));
     const int ids = split_pages > p.HC * gt ? split_pages : p.HC * gt;
-    size_t tail = bulk ? (size_t)STAGES * p.stage_bytes : 0;
+    size_t tail = bulk ? (size_t)p.stages * p.stage_bytes : 0;
     const size_t merge = (size_t)ns * gt * (p.D + 2) * sizeof(float);
-    const size_t weights = combine_bytes(p.HC * gt, n_splits);
+    const size_t weights = combine_bytes(nt);
     if (merge > tail) tail = merge;
     if (weights > tail) tail = weights;
     p.pages_off = (int)pages_off;
@@ -586,15 +624,22 @@ struct Choice {
     size_t smem;
 };
 
-bool choose(Params& p, bool bulk, int hc, int gt, int lanes, int B, int max_tokens, int sms, Choice& c) {
-    const int ns = THREADS / lanes, pages = (max_tokens + p.page - 1) / p.page;
+// A ring: its stage count (0 on the register path), stage size and threads per block.
+struct Ring {
+    int stages, stage_kb, threads;
+};
+
+bool choose(Params& p, bool bulk, Ring ring, int hc, int gt, int lanes, int B, int max_tokens, int sms, Choice& c) {
+    const int nt = ring.threads, ns = nt / lanes, pages = (max_tokens + p.page - 1) / p.page;
     const size_t chunk = (size_t)hc * p.D * 2;
+    if (hc > ns) return false;  // a stream per head of the chunk at least
     p.HC = hc;
-    int t = bulk ? (int)(STAGE_KB * 1024 / (2 * chunk)) : 1;
+    p.stages = bulk ? ring.stages : 0;
+    int t = bulk ? (int)(ring.stage_kb * 1024 / (2 * chunk)) : 1;
     p.T = t < 1 ? 1 : (t > 128 ? 128 : t);
     p.stage_bytes = bulk ? (int)align128(2 * (size_t)p.T * chunk) : 0;
     // occupancy with the longest page list and most splits, then the split count it allows
-    const int resident = dispatch(0, bulk, lanes, gt, p, dim3(), layout(p, bulk, gt, ns, pages, MAX_SPLITS));
+    const int resident = dispatch(0, bulk, lanes, gt, nt, p, dim3(), layout(p, bulk, gt, ns, nt, pages));
     if (resident <= 0) return false;
     c.units = B * p.SQ * (p.HK / hc) * (p.group / gt);
     c.slots = WAVES * resident * sms;
@@ -607,7 +652,7 @@ bool choose(Params& p, bool bulk, int hc, int gt, int lanes, int B, int max_toke
     c.split_pages = (pages + n - 1) / n;
     c.n_splits = (pages + c.split_pages - 1) / c.split_pages;
     c.blocks = c.units * c.n_splits;
-    c.smem = layout(p, bulk, gt, ns, c.split_pages, c.n_splits);
+    c.smem = layout(p, bulk, gt, ns, nt, c.split_pages);
     return true;
 }
 
@@ -629,7 +674,7 @@ bool make_plan(int dev, const long long* key) {
     p.H = H; p.HK = HK; p.group = H / HK; p.SQ = SQ; p.D = D; p.page = PAGE;
     const int gt = (p.group % 8 == 0) ? 8 : (p.group % 4 == 0) ? 4 : (p.group % 2 == 0) ? 2 : 1;
     const int lanes = D <= 64 ? 8 : (D <= 128 ? 16 : 32);
-    const int ns = THREADS / lanes, max_tokens = SK > 0 ? SK : 1;
+    const int ns = THREADS / lanes, max_tokens = SK > 0 ? SK : 1;  // streams of the narrower blocks
 
     // Bulk copies pay where each copy is large (a token's chunk of several heads: the copy
     // engine took ~40 cycles per copy on the H200, so 256-byte ones starve it), the grid
@@ -638,10 +683,17 @@ bool make_plan(int dev, const long long* key) {
     int hc = 1;
     for (int c = 1; c <= HK && c <= ns && c <= MAX_HEADS; ++c)
         if (HK % c == 0 && c * D * 2 <= 4096) hc = c;
+    // The ring of STAGES first; where its grid would not fill the GPU, the deep ring, whose
+    // fewer blocks per SM make the same grid a fuller one.
     Choice c;
-    bool bulk = hc * D * 2 >= BULK_MIN_BYTES && choose(p, true, hc, gt, lanes, B, max_tokens, g_sms[dev], c) &&
-                100 * c.blocks >= BULK_MIN_FILL * c.slots && c.split_pages * PAGE >= BULK_MIN_SPLIT;
-    if (!bulk && !choose(p, false, 1, gt, lanes, B, max_tokens, g_sms[dev], c)) {
+    bool bulk = false;
+    const Ring rings[2] = {{STAGES, STAGE_KB, THREADS}, {DEEP_STAGES, DEEP_STAGE_KB, DEEP_THREADS}};
+    int r = 0;
+    for (; r < 2 && !bulk && hc * D * 2 >= BULK_MIN_BYTES; ++r)
+        bulk = rings[r].stages > 0 && choose(p, true, rings[r], hc, gt, lanes, B, max_tokens, g_sms[dev], c) &&
+               100 * c.blocks >= BULK_MIN_FILL * c.slots && c.split_pages * PAGE >= BULK_MIN_SPLIT;
+    const int nt = bulk ? rings[r - 1].threads : THREADS;
+    if (!bulk && !choose(p, false, Ring{0, 0, THREADS}, 1, gt, lanes, B, max_tokens, g_sms[dev], c)) {
         fprintf(stderr, "paged_decode splitkv_bulk.cu: no block configuration fits the shared memory\n");
         return false;
     }
@@ -662,6 +714,7 @@ bool make_plan(int dev, const long long* key) {
     g_plan.smem = c.smem;
     g_plan.lanes = lanes;
     g_plan.gt = gt;
+    g_plan.nt = nt;
     g_plan.bulk = bulk;
     return true;
 }
@@ -692,7 +745,7 @@ extern "C" void run_kernel(const __nv_bfloat16* q, const __nv_bfloat16* k_cache_
     Params& p = g_plan.p;
     p.q = q; p.k = k_cache_paged; p.v = v_cache_paged; p.out = output;
     p.seqlens = cache_seqlens; p.block_table = block_table;
-    if (!dispatch(1, g_plan.bulk, g_plan.lanes, g_plan.gt, p, g_plan.grid, g_plan.smem))
+    if (!dispatch(1, g_plan.bulk, g_plan.lanes, g_plan.gt, g_plan.nt, p, g_plan.grid, g_plan.smem))
         fprintf(stderr, "paged_decode splitkv_bulk.cu: could not configure the kernel\n");
 #ifdef PAGED_DECODE_DEBUG
     cudaError_t err = cudaGetLastError();
