@@ -127,6 +127,11 @@ gpu_pytest() {  # gpu_pytest FILE [-k EXPRESSION]: some of the GPU tests
   echo "pytest -m gpu $1 ${2:+-k $2}: $(tail -1 "$log")"; grep -E "^(FAILED|ERROR|E  )" "$log" | head -20
 }
 
+trace() {  # trace [BS/SEQLEN ...]: where a bulk-kernel launch spends its time, block by block (FLUSHES)
+  FLUSHES=${FLUSHES:-zero} timeout 150 python3 bench/decode_trace.py "$@" > "$OUT/decode_trace.txt" 2>&1
+  cat "$OUT/decode_trace.txt"
+}
+
 facts() {  # the ceilings every floor is measured against
   python3 -c "from optagent.bench import measured_bandwidth_gbs as b, measured_matmul_tflops as m
 print(f'copy bandwidth {b():.0f} GB/s, bf16 matmul {m():.0f} TFLOP/s')"

@@ -318,6 +318,22 @@ def test_bench_default_variants_name_knobs_the_strategies_have(tmp_path):
     assert len(written) == len(bench.DEFAULT) and all(p.stat().st_size > 0 for p in written)
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_bench_trace_patches_and_compiles_the_bulk_kernel(tmp_path):
+    """bench/decode_trace.py patches timestamps in at anchors of the bulk kernel: one that an
+    edit of the kernel moved would otherwise cost a device call to find out."""
+    spec = importlib.util.spec_from_file_location("decode_trace", ROOT / "bench" / "decode_trace.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    source = bench.patched(bench.SOURCE)
+    assert source.count("stamp(") == bench.POINTS + 1  # the definition and one call per point
+    cu = tmp_path / "trace.cu"
+    cu.write_text(source)
+    built = subprocess.run(["nvcc", "-O1", "-c", "-gencode=arch=compute_90a,code=sm_90a", "-o", str(tmp_path / "t.o"),
+                            str(cu)], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-2000:]
+
+
 def test_a_strategy_not_yet_gpu_checked_stays_out_of_runs():
     from optagent.planners.offline import load_strategies
 

@@ -1,0 +1,133 @@
+"""Where a bulk-kernel launch spends its time, block by block, on a GPU.
+
+Builds agent/strategies/paged_decode/splitkv_bulk.cu (or $SOURCE) with timestamps
+(%globaltimer) patched in at POINTS places of every block. Per case and L2 flush (FLUSHES:
+zero, read, none) it prints medians over launches of: the wait for the first tile, the
+stream (median and slowest block), how long after the first block finished streaming the
+last one did, then for the block whose merge of the splits ended last each step after its
+stream (streams merged in shared memory, partials written, fence, ticket, row list, the
+merge's loads, its groups' reduction, its write), and the launch from the first entry to the
+last exit. The kernel runs in this process, launched on its own (no graph). A benchmark,
+not a test.
+
+    [SOURCE=FILE.cu] [FLUSHES="zero read none"] python3 bench/decode_trace.py [BS/SEQLEN ...]   (default: 4/16384 16/4096 16/16384)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decode_table import flusher, make  # same inputs and flushes as the table
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = ROOT / "agent" / "strategies" / "paged_decode" / "splitkv_bulk.cu"
+# Stamps: 0 entry, 1 first tile landed (bulk path), 2 token stream done, 8 streams' state in
+# shared memory, 3 partials written, 4 fenced, 5 ticket taken, 6 merge of the splits started,
+# 9 its loads merged, 10 its groups reduced, 7 merge done (the last block of a unit).
+POINTS = 11
+# (anchor in the kernel, what goes in front of it, what goes after it); each anchor occurs once
+PATCHES = [
+    ("namespace {\n", f"__device__ unsigned long long g_trace[1 << 16][{POINTS}];\n"
+     "__device__ __forceinline__ void stamp(int k) {\n"
+     "    unsigned long long t;\n    asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t));\n"
+     "    if (threadIdx.x == 0) g_trace[blockIdx.y * gridDim.x + blockIdx.x][k] = t;\n}\n", ""),
+    ("    const int gc = unit % p.gchunks;\n", "    stamp(0);\n", ""),
+    ("            const int n = min(p.T, end - start - tile * p.T);\n", "            if (tile == 0) stamp(1);\n", ""),
+    ("    // Merge the streams of each kv head", "    stamp(2);\n", ""),
+    ("    const bool direct = (n_act == 1);\n", "    stamp(8);\n", ""),
+    ("    if (direct) return;\n", "", "    stamp(3);\n"),
+    ("        if (groups > 1) {", "        stamp(9);\n", ""),
+    ("            const float inv = l > 0.f", "            if (idx == 0) stamp(10);\n", ""),
+    ("        const int ticket = atomicAdd", "        stamp(4);\n", ""),
+    ("    if (!s_last) return;\n", "    stamp(5);\n", ""),
+    ("    combine<NT>(p, rows, nrows, n_act, reinterpret_cast<float*>(smem + p.stage_off));\n", "    stamp(6);\n",
+     "    stamp(7);\n"),
+]
+READER = (f'\nextern "C" int trace_read(unsigned long long* host, int blocks) {{\n'
+          f"    return (int)cudaMemcpyFromSymbol(host, g_trace, sizeof(unsigned long long) * {POINTS} * blocks);\n}}\n"
+          'extern "C" int trace_clear() {\n    void* p = nullptr;\n'
+          "    if (cudaGetSymbolAddress(&p, g_trace) != cudaSuccess) return 1;\n"
+          "    return (int)cudaMemset(p, 0, sizeof(g_trace));\n}\n")
+
+
+def patched(source: Path) -> str:
+    src = source.read_text(encoding="utf-8")
+    for anchor, before, after in PATCHES:
+        assert src.count(anchor) == 1, f"decode_trace.py: anchor moved in the kernel: {anchor.strip()}"
+        src = src.replace(anchor, before + anchor + after)
+    return src + READER
+
+
+def build(source: Path, folder: Path) -> ctypes.CDLL:
+    cu, so = folder / "trace.cu", folder / "trace.so"
+    cu.write_text(patched(source), encoding="utf-8")
+    subprocess.run(["nvcc", "-O3", "-shared", "-Xcompiler", "-fPIC", "-gencode=arch=compute_90a,code=sm_90a",
+                    "-o", str(so), str(cu)], check=True)
+    lib = ctypes.CDLL(str(so))
+    lib.run_kernel.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 9
+    lib.trace_read.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    return lib
+
+
+def launch_profile(lib: ctypes.CDLL, args: list, flush, reps: int = 15) -> dict[str, float]:
+    ptrs = [a.data_ptr() for a in args[:6]]
+    n = 1 << 16
+    host = (ctypes.c_ulonglong * (POINTS * n))()
+    rows: dict[str, list[float]] = {}
+    for _ in range(reps):
+        assert lib.trace_clear() == 0, "cudaMemset of the trace failed"
+        flush()
+        torch.cuda.synchronize()
+        lib.run_kernel(*ptrs, *args[6:])
+        torch.cuda.synchronize()
+        assert lib.trace_read(host, n) == 0, "cudaMemcpyFromSymbol failed"
+        raw = [host[POINTS * i: POINTS * i + POINTS] for i in range(n)]
+        t0 = min(b[0] for b in raw if b[0])
+        live = [[(x - t0) / 1e3 if x >= t0 else None for x in b] for b in raw if b[0] >= t0 and b[2] >= t0]
+        stream = [b[2] - (b[1] if b[1] is not None else b[0]) for b in live]
+        first = [b[1] - b[0] for b in live if b[1] is not None]
+        last = max((b for b in live if b[7] is not None), key=lambda b: b[7], default=None)
+        span = lambda b, i, j: b[j] - b[i] if b is not None and b[i] is not None and b[j] is not None else 0.0
+        stats = {"blocks": len(live), "first tile": statistics.median(first) if first else 0.0,
+                 "stream med": statistics.median(stream), "stream max": max(stream),
+                 "finish spread": max(b[2] for b in live) - min(b[2] for b in live),
+                 # the block whose merge ended last, step by step
+                 "smem": span(last, 2, 8), "partials": span(last, 8, 3), "fence": span(last, 3, 4), "ticket": span(last, 4, 5),
+                 "rows": span(last, 5, 6), "m loads": span(last, 6, 9), "m groups": span(last, 9, 10),
+                 "m write": span(last, 10, 7),
+                 "after stream": (last[7] - max(b[2] for b in live)) if last else 0.0,
+                 "launch": max(max(x for x in b if x is not None) for b in live)}
+        for k, v in stats.items():
+            rows.setdefault(k, []).append(v)
+    return {k: statistics.median(v) for k, v in rows.items()}
+
+
+def main() -> None:
+    cases = [tuple(int(x) for x in c.split("/")) for c in sys.argv[1:]] or [(4, 16384), (16, 4096), (16, 16384)]
+    source = Path(os.environ.get("SOURCE", SOURCE))
+    lib = build(source, Path(tempfile.mkdtemp(prefix="decode_trace_")))
+    big = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    cols = None
+    for how in os.environ.get("FLUSHES", "zero read").split():  # "none": no flush at all
+        flush = flusher(big, how) if how != "none" else (lambda: None)
+        for bs, s in cases:
+            args = make(bs, s)
+            prof = launch_profile(lib, args, flush)
+            if cols is None:
+                cols = list(prof)
+                print(f"{source.name}: us, median of 15 launches")
+                print(f"{'case':<13}" + "".join(f"{c:>13}" for c in cols))
+            print(f"{f'{bs}/{s // 1024}k {how}':<13}" + "".join(f"{prof[c]:13.1f}" for c in cols))
+
+
+if __name__ == "__main__":
+    main()
