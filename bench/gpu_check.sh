@@ -10,6 +10,7 @@
 #   LANE0="decode_run decode_tables" LANE1="pkg_run:fused_moe:150 repeat" bash bench/gpu_check.sh lanes
 #                                   on two GPUs: the steps of LANE0 on GPU 0, those of LANE1 on
 #                                   GPU 1 (steps: the functions below, arguments after colons)
+#                                   e.g. LANE1="trace:4/16384:1/1024": where a bulk-kernel launch spends its time
 #
 # Reads the seed package from .seed/, py3.12 wheels from .whl/ and TileLang from .tl/tl.tar.xz
 # (see docs/gpu.md). env: RUN_LANG=cuda|triton, RUN_LIMIT=seconds (run), MORE_LIMIT=seconds (more),
