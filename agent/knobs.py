@@ -5,6 +5,8 @@ Declared knobs list their values::
     BLOCK_N = 64  # knob: 16, 32, 64, 128          (Python)
     #define THREADS 128  // knob: 64, 128, 256      (CUDA)
 
+and may end in a note after the values (``# knob: 1, 2, 4 (tokens per step)``).
+
 Undeclared ones are found: literal ``num_warps=``/``num_stages=`` launch
 arguments, power-of-two module constants and ``#define``s whose names say they
 are sizes (BLOCK, TILE, SPLIT, WARPS, THREADS, STAGES...), tried at half and
@@ -19,8 +21,10 @@ from dataclasses import dataclass
 SIZE_NAME = re.compile(r"BLOCK|TILE|SPLIT|WARP|THREAD|STAGE|CHUNK|PAGES|GROUP|UNROLL|VEC", re.I)
 # Sizes the hardware fixes, not the kernel: changing them breaks a correct kernel.
 HARDWARE = re.compile(r"^(WARP_?SIZE|WARP_?THREADS|LANES_PER_WARP|THREADS_PER_WARP|SMEM_BANKS?)$")
-PY_DECLARED = re.compile(r"^(?P<name>[A-Z][A-Z0-9_]*)\s*=\s*(?P<value>\d+)\s*#\s*knob:\s*(?P<values>[\d,\s]+)$", re.M)
-CU_DECLARED = re.compile(r"^\s*#\s*define\s+(?P<name>[A-Z][A-Z0-9_]*)\s+(?P<value>\d+)\s*//\s*knob:\s*(?P<values>[\d,\s]+)$", re.M)
+# The value list may be followed by a note: "# knob: 16, 32, 64 (rows per program)".
+VALUES = r"(?P<values>\d+(?:[ \t]*,[ \t]*\d+)*)[ \t]*,?(?:[ \t]+[^\d\s,].*)?$"  # one line: no \s
+PY_DECLARED = re.compile(r"^(?P<name>[A-Z][A-Z0-9_]*)\s*=\s*(?P<value>\d+)\s*#\s*knob:\s*" + VALUES, re.M)
+CU_DECLARED = re.compile(r"^\s*#\s*define\s+(?P<name>[A-Z][A-Z0-9_]*)\s+(?P<value>\d+)\s*//\s*knob:\s*" + VALUES, re.M)
 PY_CONST = re.compile(r"^(?P<name>[A-Z][A-Z0-9_]*)\s*=\s*(?P<value>\d+)\s*$", re.M)
 CU_DEFINE = re.compile(r"^\s*#\s*define\s+(?P<name>[A-Z][A-Z0-9_]*)\s+(?P<value>\d+)\s*$", re.M)
 LAUNCH_KW = re.compile(r"\b(?P<name>num_warps|num_stages)\s*=\s*(?P<value>\d+)\b")

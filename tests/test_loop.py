@@ -192,6 +192,18 @@ def test_knobs_found_and_set():
         set_knobs(STARTER, {"NOPE": 1})
 
 
+def test_a_declared_knob_may_end_in_a_note():
+    """A note after the value list (as a planner or a person writes them) keeps the knob declared:
+    before, the whole line stopped being a knob, and setting it was a KeyError."""
+    cuda = ("#define DEEP_UNROLL 4  // knob: 1, 2, 4 (tokens a stream takes per step)\n"
+            "#define STAGES 3  // knob: 2, 3, 4\n#define ROWS 8  // knob: 4, 8, - note\n")
+    py = "BLOCK_N = 16  # knob: 16, 32, 64  rows per program\n"
+    knobs = {k.name: k for k in find_knobs(cuda + py)}
+    assert knobs["DEEP_UNROLL"].values == (1, 2, 4) and knobs["STAGES"].values == (2, 3, 4)
+    assert knobs["ROWS"].values == (4, 8) and knobs["BLOCK_N"].values == (16, 32, 64)
+    assert "#define DEEP_UNROLL 2  // knob: 1, 2, 4 (tokens" in set_knobs(cuda, {"DEEP_UNROLL": 2})
+
+
 def test_hardware_sizes_are_not_knobs():
     cuda = "#define WARP_SIZE 32\n#define THREADS 128\n#define BLOCK_TOKENS 64\n"
     assert [k.name for k in find_knobs(cuda)] == ["THREADS", "BLOCK_TOKENS"]
