@@ -4,11 +4,12 @@ GPU time by CUDA-graph replay (L2 flushed before each replay, median of 20),
 eager time of the whole call; floor = K+V bytes read / measured copy bandwidth.
 A benchmark, not a test: kernels run in this process.
 
-    [FLUSH=zero|read] [TABLE=perm|seq] [STARTER=0] python3 bench/decode_table.py KERNEL.py|KERNEL.cu [...]
+    [FLUSH=zero|read|none] [TABLE=perm|seq] [STARTER=0] python3 bench/decode_table.py KERNEL.py|KERNEL.cu [...]
 
 FLUSH=zero (default, as the evaluator and triton's do_bench do) writes a 256 MiB buffer,
 which leaves the L2 full of dirty lines that are written back while the timed kernel
-runs; FLUSH=read evicts the L2 by reading the buffer, so nothing is written back.
+runs; FLUSH=read evicts the L2 by reading the buffer, so nothing is written back;
+FLUSH=none leaves the L2 as the last call left it.
 TABLE=seq gives every sequence consecutive pages (the contest draws a permutation of a pool
 three times the size): the difference is what scattered pages cost. STARTER=0 leaves the
 package's slow starter out. Last, one line per kernel: geomean, % of floor on the three
@@ -79,7 +80,9 @@ def make(bs: int, s: int):
 
 
 def flusher(buf: torch.Tensor, how: str) -> Callable[[], None]:
-    """L2 flush by writing buf (dirty lines left behind) or by reading it (clean lines)."""
+    """L2 flush by writing buf (dirty lines left behind), by reading it (clean lines), or none."""
+    if how == "none":
+        return lambda: None
     if how == "read":
         sink = torch.empty((), dtype=torch.int64, device=buf.device)
         return lambda: torch.sum(buf.view(torch.int64), dim=0, out=sink)

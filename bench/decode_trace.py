@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -34,9 +33,10 @@ SOURCE = ROOT / "agent" / "strategies" / "paged_decode" / "splitkv_bulk.cu"
 # shared memory, 3 partials written, 4 fenced, 5 ticket taken, 6 merge of the splits started,
 # 9 its loads merged, 10 its groups reduced, 7 merge done (the last block of a unit).
 POINTS = 11
+BLOCKS = 1 << 16  # trace rows: blocks of a launch, at the most
 # (anchor in the kernel, what goes in front of it, what goes after it); each anchor occurs once
 PATCHES = [
-    ("namespace {\n", f"__device__ unsigned long long g_trace[1 << 16][{POINTS}];\n"
+    ("namespace {\n", f"__device__ unsigned long long g_trace[{BLOCKS}][{POINTS}];\n"
      "__device__ __forceinline__ void stamp(int k) {\n"
      "    unsigned long long t;\n    asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t));\n"
      "    if (threadIdx.x == 0) g_trace[blockIdx.y * gridDim.x + blockIdx.x][k] = t;\n}\n", ""),
@@ -68,11 +68,14 @@ def patched(source: Path) -> str:
 
 
 def build(source: Path, folder: Path) -> ctypes.CDLL:
-    cu, so = folder / "trace.cu", folder / "trace.so"
+    """The patched kernel, built as the evaluator builds a candidate (same flags, object check)."""
+    from optagent.backends.cuda import CudaBackend
+
+    cu = folder / "trace.cu"
     cu.write_text(patched(source), encoding="utf-8")
-    subprocess.run(["nvcc", "-O3", "-shared", "-Xcompiler", "-fPIC", "-gencode=arch=compute_90a,code=sm_90a",
-                    "-o", str(so), str(cu)], check=True)
-    lib = ctypes.CDLL(str(so))
+    backend = CudaBackend("cuda", None, 300)
+    backend.prepare(cu, folder)
+    lib = ctypes.CDLL(str(backend.library))
     lib.run_kernel.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 9
     lib.trace_read.argtypes = [ctypes.c_void_p, ctypes.c_int]
     return lib
@@ -80,7 +83,7 @@ def build(source: Path, folder: Path) -> ctypes.CDLL:
 
 def launch_profile(lib: ctypes.CDLL, args: list, flush, reps: int = 15) -> dict[str, float]:
     ptrs = [a.data_ptr() for a in args[:6]]
-    n = 1 << 16
+    n = BLOCKS
     host = (ctypes.c_ulonglong * (POINTS * n))()
     rows: dict[str, list[float]] = {}
     for _ in range(reps):
@@ -118,7 +121,7 @@ def main() -> None:
     big = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     cols = None
     for how in os.environ.get("FLUSHES", "zero read").split():  # "none": no flush at all
-        flush = flusher(big, how) if how != "none" else (lambda: None)
+        flush = flusher(big, how)
         for bs, s in cases:
             args = make(bs, s)
             prof = launch_profile(lib, args, flush)
