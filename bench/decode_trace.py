@@ -34,23 +34,32 @@ SOURCE = ROOT / "agent" / "strategies" / "paged_decode" / "splitkv_bulk.cu"
 # 9 its loads merged, 10 its groups reduced, 7 merge done (the last block of a unit).
 POINTS = 11
 BLOCKS = 1 << 16  # trace rows: blocks of a launch, at the most
-# (anchor in the kernel, what goes in front of it, what goes after it); each anchor occurs once
+# (anchor in the kernel, what goes in front of it, what goes after it). An anchor occurs once
+# or not at all (the older kernels kept for side-by-side tables lack some); every point must
+# be stamped somewhere. The merge of the splits has two ways (staged or per-thread loads),
+# each stamped.
+DEFINE = (f"__device__ unsigned long long g_trace[{BLOCKS}][{POINTS}];\n"
+          "__device__ __forceinline__ void stamp(int k) {\n"
+          "    unsigned long long t;\n    asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t));\n"
+          "    if (threadIdx.x == 0) g_trace[blockIdx.y * gridDim.x + blockIdx.x][k] = t;\n}\n")
 PATCHES = [
-    ("namespace {\n", f"__device__ unsigned long long g_trace[{BLOCKS}][{POINTS}];\n"
-     "__device__ __forceinline__ void stamp(int k) {\n"
-     "    unsigned long long t;\n    asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t));\n"
-     "    if (threadIdx.x == 0) g_trace[blockIdx.y * gridDim.x + blockIdx.x][k] = t;\n}\n", ""),
+    ("namespace {\n", DEFINE, ""),
     ("    const int gc = unit % p.gchunks;\n", "    stamp(0);\n", ""),
     ("            const int n = min(p.T, end - start - tile * p.T);\n", "            if (tile == 0) stamp(1);\n", ""),
     ("    // Merge the streams of each kv head", "    stamp(2);\n", ""),
     ("    const bool direct = (n_act == 1);\n", "    stamp(8);\n", ""),
     ("    if (direct) return;\n", "", "    stamp(3);\n"),
-    ("        if (groups > 1) {", "        stamp(9);\n", ""),
-    ("            const float inv = l > 0.f", "            if (idx == 0) stamp(10);\n", ""),
     ("        const int ticket = atomicAdd", "        stamp(4);\n", ""),
     ("    if (!s_last) return;\n", "    stamp(5);\n", ""),
-    ("    combine<NT>(p, rows, nrows, n_act, reinterpret_cast<float*>(smem + p.stage_off));\n", "    stamp(6);\n",
-     "    stamp(7);\n"),
+    ("    merge_splits<NT, BULK>(p", "    stamp(6);\n", ""),
+    ("    combine<NT>(p", "    stamp(6);\n", ""),
+    # per-thread loads: loads merged, groups reduced
+    ("        if (groups > 1) {", "        stamp(9);\n", ""),
+    ("            const float inv = l > 0.f", "            if (idx == 0) stamp(10);\n", ""),
+    # staged: weights made and partials landed, sums done
+    ("    bar_wait(bar, 0);\n", "", "    stamp(9);\n"),
+    ("        const float inv = wr[STAGED_SPLITS];", "        if (idx == 0) stamp(10);\n", ""),
+    ("}\n\ntemplate <int LANES, int GT, bool BULK, int NT>\nstruct Kernel", "    stamp(7);\n", ""),
 ]
 READER = (f'\nextern "C" int trace_read(unsigned long long* host, int blocks) {{\n'
           f"    return (int)cudaMemcpyFromSymbol(host, g_trace, sizeof(unsigned long long) * {POINTS} * blocks);\n}}\n"
@@ -62,8 +71,10 @@ READER = (f'\nextern "C" int trace_read(unsigned long long* host, int blocks) {{
 def patched(source: Path) -> str:
     src = source.read_text(encoding="utf-8")
     for anchor, before, after in PATCHES:
-        assert src.count(anchor) == 1, f"decode_trace.py: anchor moved in the kernel: {anchor.strip()}"
+        assert src.count(anchor) <= 1, f"decode_trace.py: anchor not unique in {source.name}: {anchor.strip()}"
         src = src.replace(anchor, before + anchor + after)
+    missing = [k for k in range(POINTS) if f"stamp({k});" not in src]
+    assert not missing, f"decode_trace.py: no anchor for points {missing} in {source.name}: the kernel moved"
     return src + READER
 
 
@@ -116,7 +127,7 @@ def launch_profile(lib: ctypes.CDLL, args: list, flush, reps: int = 15) -> dict[
 
 def main() -> None:
     cases = [tuple(int(x) for x in c.split("/")) for c in sys.argv[1:]] or [(4, 16384), (16, 4096), (16, 16384)]
-    source = Path(os.environ.get("SOURCE", SOURCE))
+    source = Path(os.environ.get("SOURCE") or SOURCE)  # unset or empty: the strategy itself
     lib = build(source, Path(tempfile.mkdtemp(prefix="decode_trace_")))
     big = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     cols = None

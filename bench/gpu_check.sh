@@ -128,9 +128,11 @@ gpu_pytest() {  # gpu_pytest FILE [-k EXPRESSION]: some of the GPU tests
   echo "pytest -m gpu $1 ${2:+-k $2}: $(tail -1 "$log")"; grep -E "^(FAILED|ERROR|E  )" "$log" | head -20
 }
 
-trace() {  # trace [BS/SEQLEN ...]: where a bulk-kernel launch spends its time, block by block (FLUSHES)
-  FLUSHES=${FLUSHES:-zero} timeout 150 python3 bench/decode_trace.py "$@" > "$OUT/decode_trace.txt" 2>&1
-  cat "$OUT/decode_trace.txt"
+trace() {  # trace [FILE.cu] [BS/SEQLEN ...]: where a bulk-kernel launch spends its time, block by block (FLUSHES)
+  local src=${SOURCE:-}; case "${1:-}" in *.cu) src=$1; shift ;; esac
+  local log="$OUT/decode_trace-$(basename "${src:-splitkv_bulk.cu}" .cu).txt"
+  SOURCE=$src FLUSHES=${FLUSHES:-zero} timeout 150 python3 bench/decode_trace.py "$@" > "$log" 2>&1
+  cat "$log"
 }
 
 facts() {  # the ceilings every floor is measured against

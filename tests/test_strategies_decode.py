@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -330,7 +331,12 @@ def test_bench_trace_patches_and_builds_the_bulk_kernel(tmp_path, monkeypatch):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     source = bench.patched(bench.SOURCE)
-    assert source.count("stamp(") == bench.POINTS + 1  # the definition and one call per point
+    stamped = set(re.findall(r"stamp\((\d+)\);", source))
+    assert stamped == {str(k) for k in range(bench.POINTS)}  # every point, and no other
+    moved = tmp_path / "moved.cu"  # an edit the trace no longer fits
+    moved.write_text(bench.SOURCE.read_text().replace("if (!s_last) return;", "if (!s_last) { return; }"))
+    with pytest.raises(AssertionError, match=r"no anchor for points \[5\]"):
+        bench.patched(moved)
     cu = tmp_path / "trace.cu"
     cu.write_text(source)
     assert build_all([cu], device="cpu") == {}
