@@ -29,7 +29,7 @@ from decode_table import flusher, make  # same inputs and flushes as the table
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "agent" / "strategies" / "paged_decode" / "splitkv_bulk.cu"
-# Stamps: 0 entry, 1 first tile landed (bulk path), 2 token stream done, 8 streams' state in
+# Stamps: 0 entry, 1 its first tile landed (bulk path), 2 token stream done, 8 streams' state in
 # shared memory, 3 partials written, 4 fenced, 5 ticket taken, 6 merge of the splits started,
 # 9 its loads merged, 10 its groups reduced, 7 merge done (the last block of a unit).
 POINTS = 11
@@ -44,8 +44,8 @@ DEFINE = (f"__device__ unsigned long long g_trace[{BLOCKS}][{POINTS}];\n"
           "    if (threadIdx.x == 0) g_trace[blockIdx.y * gridDim.x + blockIdx.x][k] = t;\n}\n")
 PATCHES = [
     ("namespace {\n", DEFINE, ""),
-    ("    const int gc = unit % p.gchunks;\n", "    stamp(0);\n", ""),
-    ("            const int n = min(p.T, end - start - tile * p.T);\n", "            if (tile == 0) stamp(1);\n", ""),
+    ("    const int gc = unit % p.gchunks;\n", "    stamp(0);\n    bool first_tile = true;\n", ""),
+    ("            bar_wait(bars + st, phase);\n", "", "            if (first_tile) { stamp(1); first_tile = false; }\n"),
     ("    // Merge the streams of each kv head", "    stamp(2);\n", ""),
     ("    const bool direct = (n_act == 1);\n", "    stamp(8);\n", ""),
     ("    if (direct) return;\n", "", "    stamp(3);\n"),
