@@ -11,6 +11,8 @@ Layout::
         result.json        EvalResult
         step.json          Step - written last: a step without it is unfinished
     best/kernel.<ext>, best/result.json, best/diff.patch
+                           result.json: the best kernel's latest timing (re-timed
+                           side by side with a candidate); its step keeps the first
     lock                   flock()ed by the process driving the run
 
 Every file is written atomically (temp file, fsync, rename), so SIGKILL at any
