@@ -226,7 +226,7 @@ def cmd_leaderboard(a) -> int:
         return 0
     print_board(console(), entries, diff=a.diff)
     if a.html:
-        from .report import write_leaderboard_html
+        from .report_board import write_leaderboard_html
 
         console().print(f"wrote {write_leaderboard_html(entries, Path(a.html))}", markup=False)
     if a.export:

@@ -1,4 +1,4 @@
-"""HTML reports: one self-contained file per run, and one for the leaderboard.
+"""HTML reports: one self-contained file per run (the leaderboard's page is `report_board`).
 
 ``optagent report RUN_ID -o report.html`` renders ``templates/run_report.html.j2``.
 Everything is inline (CSS, SVG charts drawn here in Python, highlighted source),
@@ -9,12 +9,11 @@ few lines that mark the page once its charts are laid out, for the browser test.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Optional
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
@@ -25,10 +24,9 @@ from .store import RunStore, atomic_write, ext, unified_diff
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
-from .report_charts import (Category, CATEGORIES, step_category, StepChart, step_chart, BarChart, case_chart,
-                            HBarChart, speedup_bars)
+from .report_charts import (Category, CATEGORIES, step_category, StepChart, step_chart, BarChart, case_chart)
 from .svg import num, sci, us
-from .report_code import (highlight_css, highlight_lines, diff_lines, error_summary, shorten, first_line)
+from .report_code import (highlight_css, highlight_lines, diff_lines, error_summary, first_line)
 
 # ----------------------------------------------------------------------------
 # Page models
@@ -227,62 +225,6 @@ def render_run_report(store: RunStore) -> str:
     page = run_page(store)
     return _env().get_template("run_report.html.j2").render(page=page, highlight_css=page.highlight_css,
                                                             generated=page.generated)
-
-
-@dataclass
-class BoardEntry:
-    rank: int
-    entry: object
-    planner: str
-    floor_pct: Optional[float]
-    date: str
-    diff: list[tuple[str, str]]
-    anchor: str
-
-
-@dataclass
-class BoardGroup:
-    task: str
-    device: str
-    device_name: str
-    cpu: bool
-    rows: list[BoardEntry]
-    chart: HBarChart
-
-
-def leaderboard_page(entries: Sequence) -> list[BoardGroup]:
-    groups: dict[tuple[str, str], list] = {}
-    for e in entries:
-        groups.setdefault((e.config.task_name, e.config.device), []).append(e)
-    out = []
-    for (task, device), es in groups.items():
-        es = sorted(es, key=lambda e: -e.speedup)
-        rows = []
-        for i, e in enumerate(es, 1):
-            planner = e.config.planner + (f"/{e.config.model}" if e.config.model else "")
-            x = ext(e.config.language)
-            rows.append(BoardEntry(i, e, planner, e.floor_pct, _when(e.config.created_at),
-                                   diff_lines(unified_diff(e.starter, e.source, f"starter{x}", f"best{x}")),
-                                   re.sub(r"[^A-Za-z0-9_-]", "-", e.config.run_id)))
-        chart = speedup_bars([(f"#{r.rank} {shorten(r.entry.config.run_id, 46)}", r.entry.speedup,
-                               f"{r.entry.config.run_id}\n{r.planner}, {r.entry.config.language.value}\n"
-                               f"{r.entry.speedup:.2f}x geomean speedup") for r in rows])
-        name = next((e.result.device_name for e in es if e.result.device_name), None) or device
-        out.append(BoardGroup(task, device, name, device == "cpu" or _is_cpu(e.result for e in es), rows, chart))
-    return out
-
-
-def render_leaderboard(entries: Sequence) -> str:
-    """The leaderboard (leaderboard.gather()'s entries) as a self-contained HTML page."""
-    return _env().get_template("leaderboard.html.j2").render(
-        groups=leaderboard_page(entries), highlight_css=Markup(highlight_css()),  # noqa: S704
-        generated=_when(datetime.now(timezone.utc)), total=len(entries))
-
-
-def write_leaderboard_html(entries: Sequence, path: Path) -> Path:
-    path = Path(path)
-    atomic_write(path, render_leaderboard(entries))
-    return path
 
 
 # ----------------------------------------------------------------------------

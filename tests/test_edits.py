@@ -4,16 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from optagent.edits import (
-    Edit,
-    EditError,
-    NoKernelError,
-    apply_edits,
-    extract_idea,
-    kernel_from_reply,
-    parse_edits,
-    parse_reply,
-)
+from optagent.edits import EditError, apply_edits, kernel_from_reply
+from optagent.replies import Edit, NoKernelError, extract_idea, parse_edits, parse_reply
 
 SOURCE = """import triton
 import triton.language as tl

@@ -20,7 +20,8 @@ from markupsafe import escape
 
 from optagent import report_code, svg
 from optagent.leaderboard import gather
-from optagent.report import add_report_commands, render_leaderboard, render_run_report, write_leaderboard_html
+from optagent.report import add_report_commands, render_run_report
+from optagent.report_board import render_leaderboard, write_leaderboard_html
 from optagent.report_charts import case_chart, step_category
 from optagent.svg import linear_ticks, log_ticks, marker_path
 from optagent.schema import (

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..edits import EditError, NoKernelError, extract_idea, kernel_from_reply
+from ..edits import EditError, kernel_from_reply
+from ..replies import NoKernelError, extract_idea
 from ..prompts import render
 from ..protocols import LLM, Attempt, PlannerContext
 from ..schema import EvalResult, Language, Proposal, Status, StepOutcome, Usage
