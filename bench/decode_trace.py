@@ -51,7 +51,7 @@ PATCHES = [
     ("    if (direct) return;\n", "", "    stamp(3);\n"),
     ("        const int ticket = atomicAdd", "        stamp(4);\n", ""),
     ("    if (!s_last) return;\n", "    stamp(5);\n", ""),
-    ("    merge_splits<NT, BULK>(p", "    stamp(6);\n", ""),
+    ("    merge_splits<NT, GT, BULK>(p", "    stamp(6);\n", ""),
     ("    combine<NT>(p", "    stamp(6);\n", ""),
     # per-thread loads: loads merged, groups reduced
     ("        if (groups > 1) {", "        stamp(9);\n", ""),

@@ -123,8 +123,11 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
 }
 
 // Output row of local row r (kv head r / GT of the chunk, query head r % GT of its group chunk).
+// Local row r's output row past the block's first (its row 0's).
+__device__ __forceinline__ int row_offset(const Params& p, int r, int GT) { return (r / GT) * p.group + r % GT; }
+
 __device__ __forceinline__ int out_row(const Params& p, int b, int sq, int hc0, int gc, int r, int GT) {
-    return (b * p.SQ + sq) * p.H + (hc0 + r / GT) * p.group + gc * GT + r % GT;
+    return (b * p.SQ + sq) * p.H + hc0 * p.group + gc * GT + row_offset(p, r, GT);
 }
 
 // Warp 0 queues tile `tile` of the block's token range into stage `st`. Page ids come
@@ -252,6 +255,13 @@ __device__ void combine(const Params& p, const int* rows, int nrows, int n_act, 
     }
 }
 
+// Folds a softmax state (maximum om, denominator ol; log2 domain) into (mx, l).
+__device__ __forceinline__ void merge_state(float& mx, float& l, float om, float ol) {
+    const float nm = fmaxf(mx, om), mu = (nm == -INFINITY) ? 0.f : nm;
+    l = l * exp2f(mx - mu) + ol * exp2f(om - mu);
+    mx = nm;
+}
+
 // The staged merge, for a bulk block whose rows are consecutive output rows (all query
 // heads of its kv heads): their partials are then one stretch of a_buf, n_splits per row,
 // and the copy engine brings each row's n_act of them into the stages, free now, while a
@@ -280,18 +290,14 @@ __device__ void combine_staged(const Params& p, int row0, int nrows, int n_act, 
         // online per lane over its splits, then across the warp
         float mx = -INFINITY, l = 0.f;
         for (int s = lane; s < n_act; s += 32) {
-            const float ms = __ldcg(p.m_buf + rb + s), ls = __ldcg(p.l_buf + rb + s);
-            const float nm = fmaxf(mx, ms), mu = (nm == -INFINITY) ? 0.f : nm;
-            l = l * exp2f(mx - mu) + ls * exp2f(ms - mu);
-            mx = nm;
+            const float ms = __ldcg(p.m_buf + rb + s);
+            merge_state(mx, l, ms, __ldcg(p.l_buf + rb + s));
             wr[s] = ms;
         }
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) {
             const float om = __shfl_xor_sync(0xffffffffu, mx, off), ol = __shfl_xor_sync(0xffffffffu, l, off);
-            const float nm = fmaxf(mx, om), mu = (nm == -INFINITY) ? 0.f : nm;
-            l = l * exp2f(mx - mu) + ol * exp2f(om - mu);
-            mx = nm;
+            merge_state(mx, l, om, ol);
         }
         const float mu = (mx == -INFINITY) ? 0.f : mx;
         for (int s = lane; s < n_act; s += 32) wr[s] = exp2f(wr[s] - mu);
@@ -400,7 +406,7 @@ __device__ __forceinline__ void stream_tokens(int n, int sub, int nsub, bool act
 
 // The last block's merge of the splits: staged where the rows are consecutive and their
 // partials fit the stages, else each thread loads its share.
-template <int NT, bool BULK>
+template <int NT, int GT, bool BULK>
 __device__ __forceinline__ void merge_splits(const Params& p, unsigned char* smem, int row0, int nrows, int n_act) {
     // the page ids are no longer needed: the weights or the row list go there
     float* w = reinterpret_cast<float*>(smem + p.pages_off);
@@ -411,11 +417,7 @@ __device__ __forceinline__ void merge_splits(const Params& p, unsigned char* sme
     }
     // the rows of a block with several query-head chunks are not consecutive: a list
     int* rows = reinterpret_cast<int*>(w);
-    const int GT = nrows / p.HC;
-    for (int r = threadIdx.x; r < nrows; r += NT) {
-        const int h = r / GT, g = r % GT;
-        rows[r] = row0 + h * p.group + g;
-    }
+    for (int r = threadIdx.x; r < nrows; r += NT) rows[r] = row0 + row_offset(p, r, GT);
     __syncthreads();
     // 16 splits in flight where shared memory, not registers, bounds the blocks per SM (the
     // bulk rings): one round trip for a 32-split merge of a 512-thread block, not two
@@ -631,7 +633,7 @@ __global__ void __launch_bounds__(NT) paged_decode_bulk(Params p) {
     }
     __syncthreads();
     if (!s_last) return;
-    merge_splits<NT, BULK>(p, smem, out_row(p, b, sq, hc0, gc, 0, GT), nrows, n_act);
+    merge_splits<NT, GT, BULK>(p, smem, out_row(p, b, sq, hc0, gc, 0, GT), nrows, n_act);
 }
 
 template <int LANES, int GT, bool BULK, int NT>
