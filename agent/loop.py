@@ -164,23 +164,26 @@ class Loop:
         language = self.config.language
         again_best = self.evaluator.evaluate(best_source, language)
         again_new = self.evaluator.evaluate(source, language)
-        if again_best.status.ok and again_best.geomean_time_us:
-            # The incumbent's record becomes this timing, side by side with the candidate's: a record
-            # taken on a slow stretch of the host would let a later candidate that is no faster clear
-            # CLEAR_GAIN against it unchecked (and shows a best slower than the candidates that lost).
-            self.store.save_best(best_source, again_best)
+        fresh = bool(again_best.status.ok and again_best.geomean_time_us)
         if not again_new.status.ok:
-            return StepOutcome.FAILED, "failed when re-timed", again_new
-        if not again_best.status.ok or not again_best.geomean_time_us or not again_new.geomean_time_us:
-            return StepOutcome.NOT_BETTER, "the incumbent could not be re-timed", result
-        gain = again_best.geomean_time_us / again_new.geomean_time_us - 1
-        spread = max(noise(again_best), noise(again_new))
-        note = (f"re-timed back to back: incumbent {again_best.geomean_time_us:.1f} us, candidate "
-                f"{again_new.geomean_time_us:.1f} us (geomean), gain {gain:+.1%}, noise {spread:.1%}")
-        if gain > max(self.limits.min_gain, spread):
-            self.store.save_best(source, again_new)
-            return StepOutcome.ACCEPTED, note, again_new
-        return StepOutcome.NOT_BETTER, note, again_new
+            outcome, note, kept = StepOutcome.FAILED, "failed when re-timed", again_new
+        elif not fresh or not again_new.geomean_time_us:
+            outcome, note, kept = StepOutcome.NOT_BETTER, "the incumbent could not be re-timed", result
+        else:
+            gain = again_best.geomean_time_us / again_new.geomean_time_us - 1
+            spread = max(noise(again_best), noise(again_new))
+            note = (f"re-timed back to back: incumbent {again_best.geomean_time_us:.1f} us, candidate "
+                    f"{again_new.geomean_time_us:.1f} us (geomean), gain {gain:+.1%}, noise {spread:.1%}")
+            if gain > max(self.limits.min_gain, spread):
+                self.store.save_best(source, again_new)
+                return StepOutcome.ACCEPTED, note, again_new
+            outcome, kept = StepOutcome.NOT_BETTER, again_new
+        if fresh:
+            # The incumbent stays; its record becomes this timing, side by side with the candidate's: a
+            # record taken on a slow stretch of the host would let a later candidate that is no faster
+            # clear CLEAR_GAIN against it unchecked (and shows a best slower than the candidates that lost).
+            self.store.save_best(best_source, again_best)
+        return outcome, note, kept
 
     def _record(self, step: Step, state: RunState) -> None:
         self.store.save_step(step)
