@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import time
 from pathlib import Path
@@ -156,37 +157,33 @@ def cmd_resume(a) -> int:
 
 
 def cmd_runs(a) -> int:
+    from .run_summary import print_runs, summarize
+
+    root = runs_dir(a.runs_dir)
+    runs = [summarize(store) for store in list_runs(root)]
     if a.json:
-        rows = []
-        for store in list_runs(runs_dir(a.runs_dir)):
-            st = store.state()
-            rows.append({"config": store.config.model_dump(mode="json"),
-                         "state": st.model_dump(mode="json") if st else None})
-        print(json.dumps(rows, indent=2))
+        print(json.dumps([r.model_dump(mode="json") for r in runs], indent=2))
         return 0
-    t = Table(title=f"runs in {runs_dir(a.runs_dir)}", title_justify="left")
-    for col in ("run", "task", "planner", "lang", "device", "status", "steps", "best"):
-        t.add_column(col)
-    for store in list_runs(runs_dir(a.runs_dir)):
-        cfg, st = store.config, store.state()
-        t.add_row(cfg.run_id, cfg.task_name, cfg.planner + (f"/{cfg.model}" if cfg.model else ""),
-                  cfg.language.value, cfg.device, st.status.value if st else "NEW", str(st.steps if st else 0),
-                  fmt(st.best_geomean_speedup if st else None, ".2f", "x"))
-    console().print(t)
+    # with --runs-dir, the hint to resume names the run's path, which works from anywhere
+    print_runs(console(), runs, f"runs in {root}", by_path=bool(a.runs_dir))
     return 0
 
 
 def cmd_show(a) -> int:
+    from .run_summary import live_status, status_text
+
     store = RunStore.open(runs_dir(a.runs_dir), a.run_id)
     con = console()
-    cfg, st = store.config, store.state()
+    cfg, st, steps = store.config, store.state(), store.steps()  # all read before anything is printed
+    status, driven = live_status(store, st)
     if a.json:
-        steps = [s for s in store.steps() if a.step is None or s.index == a.step]
+        steps = [s for s in steps if a.step is None or s.index == a.step]
         print(json.dumps({"config": cfg.model_dump(mode="json"), "state": st.model_dump(mode="json") if st else None,
+                          "status": status.value if status else None, "driven": driven,
                           "steps": [s.model_dump(mode="json") for s in steps]}, indent=2))
         return 0
     if a.step is not None:
-        step = next((s for s in store.steps() if s.index == a.step), None)
+        step = next((s for s in steps if s.index == a.step), None)
         if step is None:
             raise RunError(f"{store.path}: no finished step {a.step}")
         con.print(f"step {step.index}: {step.outcome.value} - {step.idea}", markup=False)
@@ -197,33 +194,37 @@ def cmd_show(a) -> int:
         elif step.error:
             con.print(step.error, markup=False)
         return 0
+    best = store.best()
+    shown = status_text(store, status, driven, a.run_id if os.sep in a.run_id else cfg.run_id)
     con.print(f"run {cfg.run_id}: task {cfg.task_name} ({cfg.task_dir}), {cfg.language.value} on {cfg.device}, "
-              f"planner {cfg.planner}{'/' + cfg.model if cfg.model else ''}; status {st.status.value if st else 'NEW'}",
+              f"planner {cfg.planner}{'/' + cfg.model if cfg.model else ''}; status {shown}",
               markup=False, soft_wrap=True)
     t = Table(title_justify="left")
     for col in ("step", "outcome", "status", "geomean", "geomean us", "idea"):
         t.add_column(col)
-    for s in store.steps():
+    for s in steps:
         t.add_row(str(s.index), s.outcome.value, s.result.status.value if s.result else "-",
                   fmt(s.result.geomean_speedup if s.result else None, ".2f", "x"),
                   fmt(s.result.geomean_time_us if s.result else None, ".1f"), s.idea[:80])
     con.print(t)
-    best = store.best()
     if best:
         print_eval(con, best[1])
+    for e in store.damage():  # files this view does not read, but resume or report would
+        console(stderr=True).print(f"optagent: warning: {e}", markup=False, soft_wrap=True)
     return 0
 
 
 def cmd_leaderboard(a) -> int:
-    from .leaderboard import export, gather, print_board
+    from .leaderboard import Damaged, export, gather, json_rows, print_board
 
-    entries = gather(runs_dir(a.runs_dir), a.task)
+    damaged: list[Damaged] = []
+    entries = gather(runs_dir(a.runs_dir), a.task, damaged)
     if a.json:
-        print(json.dumps([{"run_id": e.config.run_id, "task": e.config.task_name, "device": e.config.device,
-                           "language": e.config.language.value, "planner": e.config.planner, "model": e.config.model,
-                           "geomean_speedup": e.speedup, "mean_pct_of_floor": e.floor_pct, "path": str(e.path)}
-                          for e in entries], indent=2))
+        print(json.dumps(json_rows(entries, damaged), indent=2))
         return 0
+    err = console(stderr=True)
+    for d in damaged:
+        err.print(f"optagent: warning: skipped damaged run {d.path.name}: {d.error}", markup=False, soft_wrap=True)
     print_board(console(), entries, diff=a.diff)
     if a.html:
         from .report_board import write_leaderboard_html
@@ -260,7 +261,7 @@ def add_run_commands(sub: argparse._SubParsersAction) -> None:
     r.set_defaults(fn=cmd_run)
 
     s = sub.add_parser("resume", help="continue a stopped or killed run where it stopped")
-    s.add_argument("run_id")
+    s.add_argument("run_id", help="run id, a unique prefix of it, or a run directory's path")
     s.add_argument("--force", action="store_true", help="resume even if the task package changed")
     s.add_argument("--quiet", action="store_true")
     s.add_argument("--json", action="store_true")
@@ -273,7 +274,7 @@ def add_run_commands(sub: argparse._SubParsersAction) -> None:
     ls.set_defaults(fn=cmd_runs)
 
     sh = sub.add_parser("show", help="show one run, or one step of it")
-    sh.add_argument("run_id")
+    sh.add_argument("run_id", help="run id, a unique prefix of it, or a run directory's path")
     sh.add_argument("--step", type=int)
     sh.add_argument("--json", action="store_true", help="print the run (or the step) as JSON")
     runs_opt(sh)

@@ -20,7 +20,7 @@ from typing import Optional
 from .cache import cache_root, write_json
 from .checks import redact, static_verdict
 from .jobs import CaseSpec, Job, TimingSpec
-from .sandbox import WorkerRun, new_scratch, remove_scratch, run_worker
+from .sandbox import WorkerRun, keep_scratch, new_scratch, remove_scratch, run_worker
 from .schema import CaseKind, CaseResult, EvalResult, Language, Status, Timing, worst
 from .task import TaskError, TaskPackage
 
@@ -120,8 +120,7 @@ class SandboxEvaluator:
             run = run_worker(job, self.timeout_s)
             result = self._assemble(job, run, common, start)
         finally:
-            if not self.keep:
-                remove_scratch(scratch)
+            (keep_scratch if self.keep else remove_scratch)(scratch)
         # A kernel that reads a secret and raises it would put it in a reason or the log.
         return EvalResult.model_validate_json(redact(result.model_dump_json()))
 

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .schema import EvalResult, RunConfig
-from .store import ext, list_runs, unified_diff
+from .store import RunError, ext, list_runs, unified_diff
 from .views import fmt
 
 
@@ -33,24 +33,46 @@ class Entry:
         return sum(pcts) / len(pcts) if pcts else None
 
 
-def gather(root: Path, task: Optional[str] = None) -> list[Entry]:
+@dataclass
+class Damaged:
+    path: Path
+    error: str  # one line, naming the damaged file
+
+
+def gather(root: Path, task: Optional[str] = None, damaged: Optional[list[Damaged]] = None) -> list[Entry]:
+    """Ranked entries; a run whose files are damaged is left out (and added to ``damaged``), not fatal."""
     entries = []
     for store in list_runs(root):
-        cfg = store.config
-        if task and cfg.task_name != task:
-            continue
-        best = store.best()
-        if best is None or best[1].geomean_speedup is None:
-            continue
-        entries.append(Entry(cfg, best[0], store.starter, best[1], store.path))
+        try:
+            cfg = store.config
+            if task and cfg.task_name != task:
+                continue
+            best = store.best()
+            if best is None or best[1].geomean_speedup is None:
+                continue
+            entries.append(Entry(cfg, best[0], store.starter, best[1], store.path))
+        except RunError as e:
+            if damaged is not None:
+                damaged.append(Damaged(store.path, str(e)))
     # Figures from different devices are never ranked against each other.
     return sorted(entries, key=lambda e: (e.config.task_name, e.config.device, -e.speedup))
+
+
+def json_rows(entries: list[Entry], damaged: list[Damaged]) -> list[dict]:
+    rows = [{"run_id": e.config.run_id, "task": e.config.task_name, "device": e.config.device,
+             "language": e.config.language.value, "planner": e.config.planner, "model": e.config.model,
+             "geomean_speedup": e.speedup, "mean_pct_of_floor": e.floor_pct, "path": str(e.path), "error": None}
+            for e in entries]
+    blank = dict.fromkeys(("task", "device", "language", "planner", "model", "geomean_speedup", "mean_pct_of_floor"))
+    return rows + [{"run_id": d.path.name, **blank, "path": str(d.path), "error": d.error} for d in damaged]
 
 
 def print_board(con: Console, entries: list[Entry], diff: bool = False) -> None:
     t = Table(title="leaderboard", title_justify="left")
     for col in ("rank", "task", "device", "geomean speedup", "mean % floor", "planner", "lang", "date", "run"):
-        t.add_column(col)
+        # the run id is what a user types next (show, report): shrink the others, never it
+        t.add_column(col, no_wrap=col in ("rank", "geomean speedup", "run"),
+                     overflow="fold" if col == "planner" else "ellipsis")
     rank, last = 0, None
     for e in entries:
         key = (e.config.task_name, e.config.device)

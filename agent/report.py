@@ -20,7 +20,7 @@ from markupsafe import Markup
 
 from . import __version__
 from .schema import EvalResult, Language, StepOutcome
-from .store import RunStore, atomic_write, ext, unified_diff
+from .store import RunStore, atomic_write, ext, read_text, unified_diff
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -191,7 +191,7 @@ def run_page(store: RunStore) -> RunPage:
     starter = store.starter
     if best_source is not None:
         patch = store.path / "best" / "diff.patch"
-        diff = patch.read_text(encoding="utf-8") if patch.is_file() else unified_diff(
+        diff = read_text(patch) if patch.is_file() else unified_diff(
             starter, best_source, f"starter{x}", f"best{x}")
     else:
         diff = ""
@@ -254,7 +254,7 @@ def add_report_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="write one run's report as a self-contained HTML file",
                        description="Render a run (task, planner, cost, step chart, per-case timings, best kernel, "
                                    "its diff, the ledger of ideas) as one HTML file that fetches nothing.")
-    p.add_argument("run_id", help="run id, or a unique part of it")
+    p.add_argument("run_id", help="run id, a unique prefix of it, or a run directory's path")
     p.add_argument("-o", "--output", metavar="FILE", help="where to write (default: RUN_ID.html; - for stdout)")
     p.add_argument("--runs-dir", help="where runs live (default ./runs or OPTAGENT_RUNS_DIR)")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")

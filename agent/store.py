@@ -13,10 +13,13 @@ Layout::
     best/kernel.<ext>, best/result.json, best/diff.patch
                            result.json: the best kernel's latest timing (re-timed
                            side by side with a candidate); its step keeps the first
-    lock                   flock()ed by the process driving the run
+    lock                   flock()ed by the process driving the run: a run whose
+                           state says RUNNING but whose lock is free was killed
 
 Every file is written atomically (temp file, fsync, rename), so SIGKILL at any
-moment leaves each file either old or new, never half-written.
+moment leaves each file either old or new, never half-written. Every record is
+read through ``read_record``: a file damaged anyway (a full disk, a hand edit, a
+copy cut short) is a one-line RunError naming it, never a traceback.
 """
 
 from __future__ import annotations
@@ -27,14 +30,58 @@ import hashlib
 import os
 import re
 import time
+from functools import cached_property
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from .schema import EvalResult, Language, Proposal, RunConfig, RunState, Step
+
+M = TypeVar("M", bound=BaseModel)
+LOCK_WAIT_S = 1.0  # a reader's probe holds the lock for microseconds; a driver waits that out
 
 
 class RunError(Exception):
     """A run that cannot be opened or driven; the message is one line."""
+
+
+def _short(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def read_text(path: Path) -> str:
+    """A run's text file, or a RunError naming it."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise RunError(f"{path}: missing") from None
+    except OSError as e:
+        raise RunError(f"{path}: cannot read: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RunError(f"{path}: not UTF-8 text (bad byte at offset {e.start}; damaged?)") from None
+
+
+def read_record(path: Path, model: type[M]) -> M:
+    """The one reader of a run's JSON records: damage becomes a one-line RunError naming the file."""
+    text = read_text(path)
+    if not text.strip():
+        raise RunError(f"{path}: empty file (truncated?)")
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        if first["type"] == "json_invalid":
+            why = str(first.get("ctx", {}).get("error") or first["msg"])
+            hint = " (truncated?)" if "EOF" in why else ""
+            raise RunError(f"{path}: not valid JSON{hint}: {_short(why)}") from None
+        where = ".".join(str(x) for x in first["loc"])
+        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        raise RunError(f"{path}: not a valid {model.__name__} record: "
+                       f"{where + ': ' if where else ''}{_short(first['msg'])}{more}") from None
 
 
 def ext(language: Language) -> str:
@@ -90,21 +137,39 @@ class RunStore:
 
     @classmethod
     def open(cls, root: Path, run_id: str) -> "RunStore":
-        path = root / run_id
-        if not (path / "config.json").is_file():
-            matches = sorted(p for p in root.glob(f"*{run_id}*") if (p / "config.json").is_file()) if root.is_dir() else []
-            if len(matches) != 1:
-                raise RunError(f"{root / run_id}: no such run" + (f" ({len(matches)} match)" if matches else ""))
-            path = matches[0]
-        return cls(path)
+        """The exact id under ``root``, a run directory's path, or a unique prefix (else a unique part) of an id."""
+        is_path = os.sep in run_id or run_id in (".", "..") or run_id.startswith("~")
+        if run_id and not is_path and (root / run_id / "config.json").is_file():
+            return cls(root / run_id)
+        given = Path(run_id).expanduser()
+        if run_id and (given / "config.json").is_file():
+            return cls(given)
+        if is_path:
+            raise RunError(f"{given}: " + ("not a run directory (no config.json)" if given.is_dir() else
+                                           "no such run directory"))
+        if not run_id:
+            raise RunError(f"{root}: no run id given")
+        names = [s.path.name for s in list_runs(root)]
+        matches = [n for n in names if n.startswith(run_id)] or [n for n in names if run_id in n]
+        if not matches:
+            raise RunError(f"{root / run_id}: no such run")
+        if len(matches) > 1:
+            shown = ", ".join(matches[:8]) + (f", and {len(matches) - 8} more" if len(matches) > 8 else "")
+            raise RunError(f"{run_id!r} matches {len(matches)} runs: {shown}")
+        return cls(root / matches[0])
 
     def lock(self) -> None:
         fh = open(self.path / "lock", "a+")
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.close()
-            raise RunError(f"{self.path}: another optagent process is driving this run") from None
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    fh.close()
+                    raise RunError(f"{self.path}: another optagent process is driving this run") from None
+                time.sleep(0.05)
         fh.seek(0)
         fh.truncate()
         fh.write(str(os.getpid()))
@@ -117,42 +182,69 @@ class RunStore:
             self._lock_fh.close()
             self._lock_fh = None
 
+    def driven(self) -> bool:
+        """Whether a live process holds this run's lock (a kill -9 releases it with the process)."""
+        try:
+            fd = os.open(self.path / "lock", os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        finally:
+            os.close(fd)
+
+    def ever_driven(self) -> bool:
+        return (self.path / "lock").exists()
+
+    def driver_pid(self) -> Optional[int]:
+        try:
+            text = (self.path / "lock").read_text().strip()
+        except OSError:
+            return None
+        return int(text) if text.isdigit() else None
+
     # -- reading ----------------------------------------------------------------
-    @property
-    def config(self) -> RunConfig:
-        return RunConfig.model_validate_json((self.path / "config.json").read_text())
+    @cached_property
+    def config(self) -> RunConfig:  # written once, at creation
+        return read_record(self.path / "config.json", RunConfig)
 
     def state(self) -> Optional[RunState]:
         p = self.path / "state.json"
-        return RunState.model_validate_json(p.read_text()) if p.exists() else None
+        return read_record(p, RunState) if p.exists() else None
 
     @property
     def starter(self) -> str:
-        return (self.path / f"starter{ext(self.config.language)}").read_text(encoding="utf-8")
+        return read_text(self.path / f"starter{ext(self.config.language)}")
 
     def step_dir(self, index: int) -> Path:
         return self.path / "steps" / f"{index:04d}"
 
+    def _step_dirs(self) -> list[Path]:
+        return sorted(d for d in (self.path / "steps").glob("[0-9]*") if d.name.isdigit() and d.is_dir())
+
     def steps(self) -> list[Step]:
-        out = []
-        for d in sorted((self.path / "steps").glob("[0-9]*")):
-            if (d / "step.json").is_file():
-                out.append(Step.model_validate_json((d / "step.json").read_text()))
-        return out
+        return [read_record(d / "step.json", Step) for d in self._step_dirs() if (d / "step.json").is_file()]
 
     def step_source(self, index: int) -> Optional[str]:
         files = list(self.step_dir(index).glob("candidate.*"))
-        return files[0].read_text(encoding="utf-8") if files else None
+        return read_text(files[0]) if files else None
 
     def proposal(self, index: int) -> Optional[Proposal]:
         p = self.step_dir(index) / "proposal.json"
-        return Proposal.model_validate_json(p.read_text()) if p.exists() else None
+        return read_record(p, Proposal) if p.exists() else None
 
     def unfinished(self) -> Optional[tuple[int, Proposal]]:
         """A step whose proposal was saved but whose evaluation never finished."""
-        for d in sorted((self.path / "steps").glob("[0-9]*")):
+        for d in self._step_dirs():
             if not (d / "step.json").exists() and (d / "proposal.json").exists():
-                return int(d.name), Proposal.model_validate_json((d / "proposal.json").read_text())
+                return int(d.name), read_record(d / "proposal.json", Proposal)
         return None
 
     def best(self) -> Optional[tuple[str, EvalResult]]:
@@ -160,7 +252,34 @@ class RunStore:
         res = self.path / "best" / "result.json"
         if not files or not res.exists():
             return None
-        return files[0].read_text(encoding="utf-8"), EvalResult.model_validate_json(res.read_text())
+        return read_text(files[0]), read_record(res, EvalResult)
+
+    def damage(self) -> list[RunError]:
+        """Every damaged record of the run (each named), for listings that go on past one."""
+        found: list[RunError] = []
+
+        def check(path: Path, model: Optional[type[BaseModel]] = None) -> None:
+            try:
+                if model:
+                    read_record(path, model)
+                else:
+                    read_text(path)
+            except RunError as e:
+                found.append(e)
+
+        check(self.path / "config.json", RunConfig)
+        if not found:
+            check(self.path / f"starter{ext(self.config.language)}")
+        for name, model in (("state.json", RunState), ("best/result.json", EvalResult)):
+            if (self.path / name).exists():
+                check(self.path / name, model)
+        for kernel in (self.path / "best").glob("kernel.*"):
+            check(kernel)
+        for d in self._step_dirs():
+            for name, model in (("proposal.json", Proposal), ("result.json", EvalResult), ("step.json", Step)):
+                if (d / name).exists():
+                    check(d / name, model)
+        return found
 
     # -- writing ----------------------------------------------------------------
     def save_proposal(self, index: int, proposal: Proposal, language: Language) -> None:

@@ -18,8 +18,10 @@ STATUS_STYLE = {Status.PASSED: "green", Status.INCORRECT: "red", Status.COMPILE_
 
 def console(stderr: bool = False, quiet: bool = False) -> Console:
     no_color = bool(os.environ.get("NO_COLOR")) or not (sys.stderr if stderr else sys.stdout).isatty()
-    return Console(stderr=stderr, no_color=no_color, highlight=False, quiet=quiet, soft_wrap=False, width=160
-                   if not (sys.stderr if stderr else sys.stdout).isatty() else None)
+    # Piped output is 160 wide unless COLUMNS says otherwise (as a terminal's own width does).
+    piped = not (sys.stderr if stderr else sys.stdout).isatty()
+    return Console(stderr=stderr, no_color=no_color, highlight=False, quiet=quiet, soft_wrap=False,
+                   width=160 if piped and not os.environ.get("COLUMNS", "").isdigit() else None)
 
 
 def fmt(x: Optional[float], spec: str = ".1f", suffix: str = "") -> str:

@@ -101,7 +101,8 @@ def test_offline_run_proposes_knob_or_strategy_changes(tmp_path, task_dir):
 
 
 def test_sigkill_then_resume_loses_and_repeats_nothing(tmp_path, task_dir):
-    env = {**os.environ, "OPTAGENT_RUNS_DIR": str(tmp_path)}
+    scratch = tmp_path / "scratch"
+    env = {**os.environ, "OPTAGENT_RUNS_DIR": str(tmp_path), "OPTAGENT_SCRATCH": str(scratch)}
     cmd = [sys.executable, "-m", "optagent.cli", "run", str(task_dir), "--planner", "replay", "--replay", str(REPLAY),
            "--no-hidden"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -121,14 +122,24 @@ def test_sigkill_then_resume_loses_and_repeats_nothing(tmp_path, task_dir):
     all_json_valid(run)
     assert not (run / "steps" / "0001" / "step.json").exists()
     assert ideas(run) == ["the starter kernel"]
+    # state.json still says RUNNING, but nothing holds the run's lock: killed, and resumable
+    assert RunState.model_validate_json((run / "state.json").read_text()).status.value == "RUNNING"
+    listing = optagent("runs", runs=tmp_path)
+    assert "INTERRUPTED" in listing.stdout and f"resumable: optagent resume {run.name}" in listing.stdout
+    shown = optagent("show", run.name, runs=tmp_path)
+    assert f"status INTERRUPTED (resumable: optagent resume {run.name})" in shown.stdout
+    (left,) = scratch.glob("eval-*")  # the killed evaluation's scratch directory, still there
 
-    locked = subprocess.Popen([sys.executable, "-m", "optagent.cli", "resume", run.name], env=env,
+    locked = subprocess.Popen([sys.executable, "-m", "optagent.cli", "resume", str(run)], env=env,  # by its path
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(3)
     second = optagent("resume", run.name, runs=tmp_path)
     assert second.returncode == 2 and "another optagent process" in second.stderr
+    assert "RUNNING" in optagent("runs", runs=tmp_path).stdout
     out, err = locked.communicate(timeout=600)
     assert locked.returncode == 0, out + err
+    assert not left.exists() and not list(scratch.glob("eval-*"))  # swept on the resume's start
+    assert "EXHAUSTED" in optagent("runs", runs=tmp_path).stdout
     all_json_valid(run)
     got = ideas(run)
     replies = [json.loads(line) for line in REPLAY.read_text().splitlines() if line.strip()]
