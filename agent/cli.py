@@ -14,13 +14,11 @@ from rich.table import Table
 from . import __version__
 from .schema import Language, Status
 from .evaluator import CaseListError
+# UserError lives in inputs so that `python -m optagent.cli` (cli as __main__) catches the same class
+from .inputs import SECONDS, EnvError, OneLineParser, UserError  # noqa: F401 (re-exported)
 from .store import RunError
 from .task import TaskError, TaskPackage, detect_language, extract_code, load_task
 from .views import console, print_eval
-
-
-class UserError(Exception):
-    """Bad input: printed as one line, exit code 2, no traceback."""
 
 
 def _device(arg: Optional[str]) -> str:
@@ -106,7 +104,7 @@ def cmd_eval(a) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="optagent", description="Make a contest kernel fast, with an LLM in the loop.")
+    p = OneLineParser(prog="optagent", description="Make a contest kernel fast, with an LLM in the loop.")
     p.add_argument("--version", action="version", version=f"optagent {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -141,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
 def add_eval_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when a GPU is visible, else cpu")
     p.add_argument("--cases", help="contest cases to run, e.g. 1,3-5 (default: all on GPU, smoke cases on CPU)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per candidate process (default 300)")
+    p.add_argument("--timeout", type=SECONDS, default=300.0, help="seconds per candidate process (default 300)")
     p.add_argument("--language", choices=[x.value for x in Language], help="default: recognised from the source")
     p.add_argument("--compiler", help="CUDA compiler command template, e.g. "
                    "'nvcc -O3 -shared -Xcompiler -fPIC {arch} -o {out} {src}' (or OPTAGENT_NVCC)")
@@ -154,7 +152,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     err = console(stderr=True)
     try:
         return int(a.fn(a) or 0)
-    except (TaskError, UserError, RunError, CaseListError) as e:
+    except (TaskError, UserError, RunError, CaseListError, EnvError) as e:
         err.print(f"optagent: error: {e}", markup=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:

@@ -12,7 +12,8 @@ from typing import Optional
 
 from rich.table import Table
 
-from .schema import Language, RunConfig, RunState, Step
+from .inputs import NON_NEGATIVE, PATIENCE, SECONDS, STEPS, UserError, check_env
+from .schema import Language, RunConfig, RunState, RunStatus, Step
 from .store import RunError, RunStore, list_runs, runs_dir
 from .task import TaskPackage, load_task
 from .views import STATUS_STYLE, console, fmt, print_eval, ratio
@@ -36,8 +37,6 @@ def _pick_language(task: TaskPackage, device: str, wanted: Optional[str]) -> Lan
     for lang in task.languages:
         if runs_here(lang):
             return lang
-    from .cli import UserError
-
     raise UserError(f"{task.root}: no starter language runs on {device} (have: "
                     f"{', '.join(x.value for x in task.languages)})")
 
@@ -48,19 +47,24 @@ def _planner(config: RunConfig, task: TaskPackage):
     if config.planner == "replay":
         from .planners.replay import ReplayPlanner
 
-        return ReplayPlanner(config.replay_file)
+        try:
+            return ReplayPlanner(config.replay_file)
+        except ValueError as e:  # names the file
+            raise UserError(str(e)) from None
     if config.planner == "llm":
-        from .llm import OpenAICompatLLM
+        from .llm import LLMUnreachable, OpenAICompatLLM
         from .llm_config import llm_settings_from_env
         from .planners.llm import LLMPlanner
 
         settings = llm_settings_from_env(config.base_url, config.model)
         if settings is None:
-            from .cli import UserError
-
             raise UserError("the LLM planner needs --base-url and --model (or OPTAGENT_BASE_URL/OPTAGENT_MODEL)")
-        return LLMPlanner(OpenAICompatLLM(settings.base_url, settings.model, settings.api_key,
-                                          prices=settings.prices))
+        llm = OpenAICompatLLM(settings.base_url, settings.model, settings.api_key, prices=settings.prices)
+        try:  # once, before step 0: an endpoint that cannot answer would cost every step its retries
+            llm.check()
+        except LLMUnreachable as e:
+            raise UserError(str(e)) from None
+        return LLMPlanner(llm)
     starter = task.starter(config.language).source
     return OfflinePlanner(config.language, task.manifest.family if task.manifest else None,
                           run_kernel_params(starter))
@@ -84,7 +88,17 @@ def _progress(con, t0: float):
     return on_step
 
 
-def _drive(store: RunStore, task: TaskPackage, a, con) -> int:
+def _preflight(task: TaskPackage, config: RunConfig):
+    """Everything step 0 would otherwise find out the slow way; returns the run's planner."""
+    from .evaluator import probe_task
+
+    check_env()
+    planner = _planner(config, task)  # an LLM endpoint is checked here: milliseconds, the probe takes seconds
+    probe_task(task, cached=True)  # a package that does not load is a TaskError; only a good probe is cached
+    return planner
+
+
+def _drive(store: RunStore, task: TaskPackage, a, con, planner) -> int:
     from .evaluator import SandboxEvaluator, choose_cases
     from .loop import Limits, Loop
 
@@ -92,7 +106,6 @@ def _drive(store: RunStore, task: TaskPackage, a, con) -> int:
     cases = choose_cases(task, cfg.device, cfg.cases, hidden=cfg.hidden)
     evaluator = SandboxEvaluator(task, cfg.device, cases, timeout_s=cfg.timeout_s,
                                  compiler=shlex.split(cfg.compiler) if cfg.compiler else None)
-    planner = _planner(cfg, task)
     limits = Limits(cfg.min_gain, cfg.patience, cfg.max_steps, cfg.time_limit_s, cfg.budget_usd)
     store.lock()
     try:
@@ -105,17 +118,19 @@ def _drive(store: RunStore, task: TaskPackage, a, con) -> int:
     finally:
         store.unlock()
     best = store.best()
-    con.print(f"{state.status.value}: {state.steps} steps, best geomean speedup "
-              f"{ratio(state.best_geomean_speedup)} (step {state.best_step})", soft_wrap=True)
+    outcome = f"{state.status.value}: {state.reason or 'stopped'}. {state.steps} step{'s' * (state.steps != 1)}"
+    if best:
+        outcome += f"; best geomean speedup {ratio(state.best_geomean_speedup)} (step {state.best_step})"
+    con.print(outcome, markup=False, soft_wrap=True)
     if best:
         con.print(f"best kernel: {store.path / 'best'}")
     if getattr(a, "json", False):
         print(state.model_dump_json(indent=2))
-    return 130 if state.status.value == "INTERRUPTED" else 0
+    return {RunStatus.INTERRUPTED: 130, RunStatus.FAILED: 1}.get(state.status, 0)
 
 
 def cmd_run(a) -> int:
-    from .cli import UserError, _device
+    from .cli import _device
     from .llm_config import llm_settings_from_env
 
     task = load_task(a.dir)
@@ -142,8 +157,10 @@ def cmd_run(a) -> int:
                        replay_file=str(Path(a.replay).resolve()) if a.replay else None, compiler=a.compiler,
                        cases=a.cases, hidden=not a.no_hidden, timeout_s=a.timeout, min_gain=a.min_gain, patience=a.patience,
                        max_steps=a.max_steps, time_limit_s=a.time_limit, budget_usd=a.budget_usd)
-    store = RunStore.create(runs_dir(a.runs_dir), config, task.starter(language).source)
-    return _drive(store, task, a, con)
+    root = runs_dir(a.runs_dir)
+    planner = _preflight(task, config)
+    store = RunStore.create(root, config, task.starter(language).source)
+    return _drive(store, task, a, con, planner)
 
 
 def cmd_resume(a) -> int:
@@ -153,7 +170,7 @@ def cmd_resume(a) -> int:
     if task.digest() != cfg.task_digest and not a.force:
         raise RunError(f"{task.root}: the task package changed since run {cfg.run_id} started "
                        "(resume with --force to continue anyway)")
-    return _drive(store, task, a, console(quiet=a.quiet))
+    return _drive(store, task, a, console(quiet=a.quiet), _preflight(task, cfg))
 
 
 def cmd_runs(a) -> int:
@@ -197,7 +214,8 @@ def cmd_show(a) -> int:
     best = store.best()
     shown = status_text(store, status, driven, a.run_id if os.sep in a.run_id else cfg.run_id)
     con.print(f"run {cfg.run_id}: task {cfg.task_name} ({cfg.task_dir}), {cfg.language.value} on {cfg.device}, "
-              f"planner {cfg.planner}{'/' + cfg.model if cfg.model else ''}; status {shown}",
+              f"planner {cfg.planner}{'/' + cfg.model if cfg.model else ''}; status {shown}"
+              + (f" ({st.reason})" if st and st.reason else ""),
               markup=False, soft_wrap=True)
     t = Table(title_justify="left")
     for col in ("step", "outcome", "status", "geomean", "geomean us", "idea"):
@@ -250,11 +268,13 @@ def add_run_commands(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--replay", metavar="FILE", help="recorded replies for --planner replay")
     r.add_argument("--base-url", help="OpenAI-compatible endpoint (or OPTAGENT_BASE_URL)")
     r.add_argument("--model", help="model name (or OPTAGENT_MODEL); key from OPTAGENT_API_KEY or OPENAI_API_KEY")
-    r.add_argument("--min-gain", type=float, default=0.01, help="smallest geomean gain that counts (default 0.01)")
-    r.add_argument("--patience", type=int, default=5, help="stop after this many steps without gain (default 5)")
-    r.add_argument("--max-steps", type=int, default=50, help="at most this many steps (default 50)")
-    r.add_argument("--time-limit", type=float, help="stop after this many seconds")
-    r.add_argument("--budget-usd", type=float, help="stop once LLM spending reaches this")
+    r.add_argument("--min-gain", type=NON_NEGATIVE, default=0.01,
+                   help="smallest geomean gain that counts (default 0.01)")
+    r.add_argument("--patience", type=PATIENCE, default=5, help="stop after this many steps without gain (default 5)")
+    r.add_argument("--max-steps", type=STEPS, default=50,
+                   help="at most this many candidates after the starter; 0 evaluates the starter only (default 50)")
+    r.add_argument("--time-limit", type=SECONDS, help="stop after this many seconds")
+    r.add_argument("--budget-usd", type=NON_NEGATIVE, help="stop once LLM spending reaches this")
     r.add_argument("--quiet", action="store_true")
     r.add_argument("--json", action="store_true", help="print the final run state as JSON")
     runs_opt(r)

@@ -19,6 +19,26 @@ class LLMError(Exception):
     """The server answered, but not with a usable chat completion."""
 
 
+class LLMUnreachable(Exception):
+    """The endpoint cannot serve a run (no connection, a refused key, a failing server); one line."""
+
+
+# Answers that mean the request will never be served: a refused key (401/403/407) or a failing server.
+_REFUSED = (401, 403, 407)
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The innermost error's text: openai's 'Connection error.' hides 'Connection refused' below it."""
+    inner: BaseException = exc
+    for _ in range(20):  # a chain can loop
+        below = inner.__cause__ or inner.__context__
+        if below is None:
+            break
+        inner = below
+    text = str(inner).strip() or type(inner).__name__
+    return text.splitlines()[0][:200]
+
+
 def cost_usd(prices: Optional[dict], prompt_tokens: int, completion_tokens: int) -> float:
     """Cost of one call from prices in USD per million tokens; 0 when unpriced."""
     if not prices:
@@ -45,6 +65,26 @@ class OpenAICompatLLM:
         self._client = openai.OpenAI(
             base_url=base_url, api_key=api_key or _NO_KEY, timeout=timeout_s, max_retries=0
         )
+
+    def check(self, timeout_s: float = 10.0) -> None:
+        """Raise LLMUnreachable unless the endpoint answers GET {base_url}/models; once, without retries.
+
+        A server without the listing (404, 405, ...) still answered, so it counts as reachable;
+        a refused connection, a DNS failure, a timeout, a refused key and a 5xx do not.
+        """
+        url = f"{self.base_url.rstrip('/')}/models"
+        try:
+            self._client.with_options(timeout=timeout_s, max_retries=0).models.list()
+        except openai.APITimeoutError:
+            raise LLMUnreachable(f"{url}: the LLM endpoint did not answer within {timeout_s:g} s") from None
+        except openai.APIConnectionError as exc:
+            raise LLMUnreachable(f"{url}: cannot reach the LLM endpoint: {_root_cause(exc)}") from None
+        except openai.APIStatusError as exc:
+            if exc.status_code in _REFUSED or exc.status_code >= 500:
+                message = " ".join(str(exc.message).split())[:200]
+                raise LLMUnreachable(f"{url}: the LLM endpoint answered HTTP {exc.status_code}: {message}") from None
+        except Exception:  # a 200 whose body is not a model list: a server answered all the same
+            pass
 
     @llm_retry
     def _create(self, messages: list[dict]) -> object:

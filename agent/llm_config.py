@@ -9,25 +9,14 @@ from __future__ import annotations
 import os
 from typing import NamedTuple, Optional
 
+from .inputs import env_number
+
 
 class LLMSettings(NamedTuple):
     base_url: str
     model: str
     api_key: Optional[str]
     prices: Optional[dict]
-
-
-def _price(name: str) -> Optional[float]:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        value = float(raw)
-    except ValueError as exc:
-        raise ValueError(f"{name}={raw!r} is not a price in USD per million tokens") from exc
-    if value < 0:
-        raise ValueError(f"{name}={raw!r} must not be negative")
-    return value
 
 
 def llm_settings_from_env(base_url: Optional[str] = None, model: Optional[str] = None
@@ -38,7 +27,7 @@ def llm_settings_from_env(base_url: Optional[str] = None, model: Optional[str] =
     if not base_url or not model:
         return None
     api_key = os.environ.get("OPTAGENT_API_KEY") or os.environ.get("OPENAI_API_KEY") or None
-    prompt, completion = _price("OPTAGENT_PRICE_PROMPT"), _price("OPTAGENT_PRICE_COMPLETION")
+    prompt, completion = env_number("OPTAGENT_PRICE_PROMPT"), env_number("OPTAGENT_PRICE_COMPLETION")
     prices = None
     if prompt is not None or completion is not None:
         prices = {"prompt_per_mtok": prompt or 0.0, "completion_per_mtok": completion or 0.0}

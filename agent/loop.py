@@ -42,6 +42,10 @@ class Exhausted(Stop):
     status = RunStatus.EXHAUSTED
 
 
+class PlannerFailed(Stop):
+    status = RunStatus.FAILED
+
+
 @dataclass
 class Limits:
     min_gain: float = 0.01
@@ -49,12 +53,20 @@ class Limits:
     max_steps: int = 50
     time_limit_s: Optional[float] = None
     budget_usd: Optional[float] = None
+    # Consecutive planner errors (each already retried by retry.py) that end the run: an endpoint
+    # that keeps failing would otherwise fill the run with empty steps until patience ran out.
+    planner_failures: int = 3
 
 
 # A gain this large cannot be timing noise (the same kernel's eager geomean moved 0.5-6% between two
 # evaluations on an H200), so it is accepted without re-timing both kernels back to back:
 # that re-timing costs two more evaluations, minutes for the slow starters of big packages.
 CLEAR_GAIN = 0.25
+
+
+def _first_line(text: Optional[str], limit: int = 300) -> str:
+    lines = (text or "").strip().splitlines()
+    return lines[0][:limit] if lines else "(no reason given)"
 
 
 def noise(result: EvalResult) -> float:
@@ -73,7 +85,8 @@ class Loop:
     def run(self) -> RunState:
         steps = self.store.steps()
         state = self.store.state() or RunState(status=RunStatus.RUNNING, steps=0)
-        state = state.model_copy(update={"status": RunStatus.RUNNING})
+        state = state.model_copy(update={"status": RunStatus.RUNNING, "reason": None})
+        failures, last_failure = 0, ""  # consecutive planner errors
         try:
             if not steps:
                 self._record(self._evaluate(0, Proposal(source=self.store.starter, idea="the starter kernel")), state)
@@ -86,27 +99,49 @@ class Loop:
                     index = len(self.store.steps())
                     try:
                         proposal = self.planner.propose(self._context(index))
+                        failures = 0
                     except PlannerExhausted as e:
                         raise Exhausted(str(e) or "the planner has nothing more to try") from None
-                    except Exception as e:  # an endpoint that keeps failing is a recorded step, not a crash
-                        proposal = Proposal(idea="(planner failed)", error=f"planner failed: {type(e).__name__}: {e}")
+                    except Exception as e:  # an endpoint that fails is a recorded step, not a crash
+                        failures, last_failure = failures + 1, f"{type(e).__name__}: {e}"
+                        proposal = Proposal(idea="(planner failed)", error=f"planner failed: {last_failure}")
                     self.store.save_proposal(index, proposal, self.config.language)
                 self._record(self._evaluate(index, proposal), state)
+                if failures >= self.limits.planner_failures:
+                    raise PlannerFailed(f"the planner failed {failures} times in a row, last: "
+                                        f"{_first_line(last_failure)}")
         except Stop as stop:
-            state = state.model_copy(update={"status": stop.status})
+            status, reason = stop.status, str(stop)
         except KeyboardInterrupt:
-            state = state.model_copy(update={"status": RunStatus.INTERRUPTED})
-        self.store.save_state(state.model_copy(update={"updated_at": now()}))
+            status = RunStatus.INTERRUPTED
+            reason = f"stopped by Ctrl-C; optagent resume {self.store.path.name} continues it"
+        if status is not RunStatus.INTERRUPTED and self.store.best() is None:
+            status, reason = RunStatus.FAILED, self._nothing_passed(reason)
+        self.store.save_state(state.model_copy(update={"status": status, "reason": reason, "updated_at": now()}))
         return self.store.state() or state
+
+    def _nothing_passed(self, stopped: str) -> str:
+        """Why a run without a single passing kernel failed: the starter's verdict first."""
+        steps = self.store.steps()
+        starter = next((s for s in steps if s.index == 0), None)
+        if starter is None:
+            why = "the starter was not evaluated"
+        elif starter.result is not None:
+            why = f"the starter failed: {starter.result.status.value}: {_first_line(starter.result.reason)}"
+        else:
+            why = f"the starter failed: {_first_line(starter.error)}"
+        tried = sum(1 for s in steps if s.index > 0)
+        after = f"; nor did the {tried} candidate(s) after it" if tried else ""
+        return f"no kernel passed: {why}{after} (stopped: {stopped})"
 
     def _check_limits(self, state: RunState) -> None:
         done = [s for s in self.store.steps() if s.index > 0]
         if len(done) >= self.limits.max_steps:
-            raise MaxSteps(f"{len(done)} steps")
+            raise MaxSteps(f"--max-steps {self.limits.max_steps}: {len(done)} candidate(s) after the starter")
         if self.limits.time_limit_s and time.monotonic() - self.started >= self.limits.time_limit_s:
-            raise TimeLimit(f"{self.limits.time_limit_s:.0f} s")
+            raise TimeLimit(f"--time-limit {self.limits.time_limit_s:g} s reached")
         if self.limits.budget_usd is not None and state.usage.cost_usd >= self.limits.budget_usd:
-            raise Budget(f"${state.usage.cost_usd:.2f} spent")
+            raise Budget(f"--budget-usd {self.limits.budget_usd:g}: ${state.usage.cost_usd:.2f} spent")
         streak = 0
         for s in reversed(done):
             if s.outcome is StepOutcome.ACCEPTED:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import random
 from typing import Any, Callable, Optional, TypeVar
 
@@ -22,6 +21,8 @@ from tenacity import (
     retry_if_exception_type,
     stop_after_attempt,
 )
+
+from .inputs import env_number
 
 log = logging.getLogger(__name__)
 
@@ -37,16 +38,6 @@ DEFAULT_BASE_S = 1.0
 MAX_WAIT_FACTOR = 60  # no single wait exceeds 60 base waits (one minute by default)
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError as exc:
-        raise ValueError(f"{name}={raw!r} is not a number") from exc
 
 
 def _retry_after_s(exc: Optional[BaseException]) -> Optional[float]:
@@ -88,8 +79,8 @@ def _log_retry(state: RetryCallState) -> None:
 
 def llm_retrying(max_attempts: Optional[int] = None, base_s: Optional[float] = None) -> Retrying:
     """A fresh tenacity Retrying; OPTAGENT_RETRY_ATTEMPTS / OPTAGENT_RETRY_BASE_S fill the gaps."""
-    attempts = max_attempts or int(_env_float("OPTAGENT_RETRY_ATTEMPTS", DEFAULT_ATTEMPTS))
-    base = base_s if base_s is not None else _env_float("OPTAGENT_RETRY_BASE_S", DEFAULT_BASE_S)
+    attempts = max_attempts or int(env_number("OPTAGENT_RETRY_ATTEMPTS", DEFAULT_ATTEMPTS))
+    base = base_s if base_s is not None else env_number("OPTAGENT_RETRY_BASE_S", DEFAULT_BASE_S)
     return Retrying(
         retry=retry_if_exception_type(RETRYABLE),
         stop=stop_after_attempt(max(1, attempts)),

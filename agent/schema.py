@@ -278,11 +278,12 @@ class RunStatus(str, enum.Enum):
     BUDGET = "BUDGET"
     INTERRUPTED = "INTERRUPTED"
     EXHAUSTED = "EXHAUSTED"  # the planner had nothing more to propose
-    FAILED = "FAILED"
+    FAILED = "FAILED"  # no kernel passed, or the planner kept failing
 
 
 class RunState(Record):
     status: RunStatus
+    reason: Optional[str] = None  # why the run stopped (absent in state files written before it existed)
     steps: int
     best_step: Optional[int] = None
     best_geomean_speedup: Optional[float] = None

@@ -104,7 +104,14 @@ def atomic_write(path: Path, text: str) -> None:
 
 
 def runs_dir(arg: Optional[str]) -> Path:
-    return Path(arg or os.environ.get("OPTAGENT_RUNS_DIR") or "runs")
+    env = os.environ.get("OPTAGENT_RUNS_DIR") or None
+    path = Path(arg or env or "runs")
+    # A file on the way would fail the first write with a traceback; name where the path came from.
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        where = f"--runs-dir {arg}" if arg else f"OPTAGENT_RUNS_DIR={env}" if env else str(path)
+        raise RunError(f"{where}: " + ("not a directory" if existing == path else f"{existing} is not a directory"))
+    return path
 
 
 def new_run_id(task_name: str) -> str:
@@ -129,7 +136,10 @@ class RunStore:
         path = root / config.run_id
         if path.exists():
             raise RunError(f"{path}: run already exists")
-        path.mkdir(parents=True)
+        try:
+            path.mkdir(parents=True)
+        except OSError as e:
+            raise RunError(f"{path}: cannot create the run's folder: {e.strerror or e}") from None
         store = cls(path)
         atomic_write(path / "config.json", config.model_dump_json(indent=2))
         atomic_write(path / f"starter{ext(config.language)}", starter)

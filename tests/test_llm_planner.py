@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
-
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import openai
 import pytest
 
+from fake_openai import FakeOpenAI, completion
 from optagent.llm import LLMError, OpenAICompatLLM, llm_settings_from_env
 from optagent.planners.llm import LLMPlanner, build_messages
 from optagent.planners.replay import ReplayPlanner
@@ -49,66 +47,7 @@ BAD_EDIT = ("IDEA: more warps\n\n<<<<<<< SEARCH\n    _decode[grid](q, k, o, n, B
 WHOLE = f"IDEA: rewrite with 8 warps\n```python\n{SOURCE.replace('num_warps=4', 'num_warps=8')}```\n"
 
 
-# ---------------------------------------------------------------- the fake server
-
-
-def completion(content: Optional[str], prompt_tokens: int = 1000, completion_tokens: int = 500,
-               choices: bool = True) -> dict:
-    return {
-        "id": "chatcmpl-test", "object": "chat.completion", "created": int(time.time()), "model": "fake-model",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                     "finish_reason": "stop"}] if choices else [],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
-    }
-
-
-class FakeOpenAI:
-    """Answers POST /v1/chat/completions from a script of (status, body, delay) entries."""
-
-    def __init__(self) -> None:
-        self.script: list[dict[str, Any]] = []
-        self.requests: list[dict[str, Any]] = []
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:  # keep pytest output clean
-                pass
-
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                fake.requests.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()},
-                                      "json": json.loads(body)})
-                entry = fake.script.pop(0) if fake.script else {"status": 418, "body": {"error": "script empty"}}
-                time.sleep(entry.get("delay", 0.0))
-                payload = entry.get("body", b"")
-                payload = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-                try:
-                    self.send_response(entry.get("status", 200))
-                    self.send_header("Content-Type", entry.get("content_type", "application/json"))
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
-                except (BrokenPipeError, ConnectionResetError):  # the client timed out and left
-                    pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True  # a handler still sleeping must not block teardown
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
-        self.thread.start()
-
-    def reply(self, content: Optional[str] = None, status: int = 200, delay: float = 0.0, **kw: Any) -> None:
-        body = kw.pop("body", None)
-        self.script.append({"status": status, "delay": delay,
-                            "body": completion(content) if body is None else body, **kw})
-
-    def user_prompt(self, k: int) -> str:
-        return self.requests[k]["json"]["messages"][-1]["content"]
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+# ---------------------------------------------------------------- the fake server (tests/fake_openai.py)
 
 
 @pytest.fixture(autouse=True)

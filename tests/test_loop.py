@@ -11,8 +11,8 @@ from optagent.knobs import find_knobs, set_knobs
 from optagent.loop import Limits, Loop
 from optagent.planners.offline import OfflinePlanner, run_kernel_params
 from optagent.protocols import PlannerContext, PlannerExhausted
-from optagent.schema import (CaseKind, CaseResult, EvalResult, Language, Proposal, RunConfig, RunStatus, Status,
-                             StepOutcome, Timing, Usage)
+from optagent.schema import (CaseKind, CaseResult, EvalResult, Language, Proposal, RunConfig, RunState, RunStatus,
+                             Status, StepOutcome, Timing, Usage)
 from optagent.store import RunStore, new_run_id
 from optagent.task import load_task
 
@@ -159,6 +159,84 @@ def test_max_steps_and_budget(make_run):
     state = loop2.run()
     assert state.status is RunStatus.BUDGET and state.usage.cost_usd >= 1.0 and state.steps == 4
 
+
+
+def test_max_steps_counts_candidates_after_the_starter_not_retimes(make_run):
+    # "a" is within re-timing reach, so its step evaluates both kernels again: still one step
+    ev = ScriptedEvaluator({"starter": [100.0], "a": [90.0], "b": [80.0]})
+    store, loop = make_run(ScriptedPlanner(["a", "b"]), ev, max_steps=1)
+    state = loop.run()
+    assert state.status is RunStatus.MAX_STEPS and [s.index for s in store.steps()] == [0, 1]
+    assert ev.calls == ["starter", "a", "starter", "a"] and "--max-steps 1" in state.reason
+    ev = ScriptedEvaluator({"starter": [100.0], "a": [90.0]})
+    store, loop = make_run(ScriptedPlanner(["a"]), ev, max_steps=0)
+    assert loop.run().status is RunStatus.MAX_STEPS and ev.calls == ["starter"] and len(store.steps()) == 1
+
+
+def test_a_run_in_which_nothing_passed_fails_with_the_starters_reason(make_run):
+    ev = ScriptedEvaluator({"starter": [Status.COMPILE_ERROR], "a": [Status.INCORRECT], "b": [Status.COMPILE_ERROR]})
+    store, loop = make_run(ScriptedPlanner(["a", "b"]), ev)
+    state = loop.run()
+    assert state.status is RunStatus.FAILED and store.best() is None and len(store.steps()) == 3
+    assert state.reason.startswith("no kernel passed: the starter failed: COMPILE_ERROR: scripted failure")
+    assert "nor did the 2 candidate(s) after it" in state.reason and "(stopped: done)" in state.reason
+    assert store.state().reason == state.reason  # on disk too
+    # the same when patience or max steps end it
+    ev = ScriptedEvaluator({"starter": [Status.COMPILE_ERROR], **{f"x{i}": [Status.COMPILE_ERROR] for i in range(9)}})
+    store, loop = make_run(ScriptedPlanner([f"x{i}" for i in range(9)]), ev, patience=2)
+    state = loop.run()
+    assert state.status is RunStatus.FAILED and "no gain" in state.reason and len(store.steps()) == 3
+
+
+def test_a_failed_starter_can_still_be_fixed_by_a_candidate(make_run):
+    ev = ScriptedEvaluator({"starter": [Status.COMPILE_ERROR], "fixed": [80.0]})
+    store, loop = make_run(ScriptedPlanner(["fixed"]), ev)
+    state = loop.run()
+    assert state.status is RunStatus.EXHAUSTED and state.reason == "done"
+    assert [s.outcome for s in store.steps()] == [StepOutcome.FAILED, StepOutcome.ACCEPTED]
+    assert store.best()[0] == "fixed" and state.best_step == 1
+
+
+class FlakyPlanner(ScriptedPlanner):
+    """An exception in the script is raised, as an LLM planner raises once retry.py gives up."""
+
+    def propose(self, ctx: PlannerContext) -> Proposal:
+        if self.sources and isinstance(self.sources[0], BaseException):
+            self.contexts.append(ctx)
+            raise self.sources.pop(0)
+        return super().propose(ctx)
+
+
+def test_a_planner_that_keeps_failing_ends_the_run_failed(make_run):
+    down = [ConnectionError(f"refused {i}") for i in range(10)]
+    ev = ScriptedEvaluator({"starter": [100.0]})
+    store, loop = make_run(FlakyPlanner(down), ev)
+    state = loop.run()
+    assert state.status is RunStatus.FAILED and len(store.steps()) == 4  # the starter, then three failures
+    assert state.reason == "the planner failed 3 times in a row, last: ConnectionError: refused 2"
+    assert all(s.outcome is StepOutcome.NO_KERNEL for s in store.steps()[1:])
+    assert store.best()[0] == "starter"  # what passed is kept
+
+
+def test_planner_failures_must_be_consecutive(make_run):
+    script = [ConnectionError("a"), ConnectionError("b"), "ok", ConnectionError("c"), ConnectionError("d")]
+    ev = ScriptedEvaluator({"starter": [100.0], "ok": [120.0]})
+    store, loop = make_run(FlakyPlanner(script), ev, patience=10)
+    state = loop.run()
+    assert state.status is RunStatus.EXHAUSTED and len(store.steps()) == 6
+
+
+def test_an_interrupted_run_stays_interrupted_even_with_nothing_passed(make_run):
+    ev = ScriptedEvaluator({"starter": [Status.COMPILE_ERROR]})
+    store, loop = make_run(FlakyPlanner([KeyboardInterrupt()]), ev)
+    state = loop.run()
+    assert state.status is RunStatus.INTERRUPTED and store.state().status is RunStatus.INTERRUPTED
+
+
+def test_state_files_written_before_the_reason_existed_still_read():
+    old = '{"format_version": 1, "status": "CONVERGED", "steps": 3, "best_step": 1, "best_geomean_speedup": 1.5}'
+    state = RunState.model_validate_json(old)
+    assert state.status is RunStatus.CONVERGED and state.reason is None
 
 def test_planner_sees_best_and_attempts(make_run):
     ev = ScriptedEvaluator({"starter": [100.0], "fast": [50.0], "x": [Status.INCORRECT]})

@@ -18,10 +18,16 @@ from .llm import proposal_from_reply
 def load_replies(path: Union[str, Path]) -> list[dict]:
     """Entries {"reply": str, "idea": optional str} from a JSON list or a JSONL file."""
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read the replies: {getattr(exc, 'strerror', None) or exc}") from exc
     stripped = text.lstrip()
     if stripped.startswith("["):
-        raw = json.loads(stripped)
+        try:
+            raw = json.loads(stripped)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not a JSON list: {exc}") from exc
     else:
         raw = []
         for number, line in enumerate(text.splitlines(), 1):
