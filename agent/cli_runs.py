@@ -14,7 +14,7 @@ from rich.table import Table
 from .schema import Language, RunConfig, RunState, Step
 from .store import RunError, RunStore, list_runs, runs_dir
 from .task import TaskPackage, load_task
-from .views import STATUS_STYLE, console, fmt, print_eval, ratio
+from .views import STATUS_STYLE, console, fmt, human_console, keep_ids_whole, print_eval, print_json, ratio
 
 
 def _pick_language(task: TaskPackage, device: str, wanted: Optional[str]) -> Language:
@@ -65,8 +65,10 @@ def _planner(config: RunConfig, task: TaskPackage):
                           run_kernel_params(starter))
 
 
-def _progress(con, t0: float):
+def _progress(con, t0: float, live=None):
     def on_step(step: Step, state: RunState) -> None:
+        if live is not None:
+            live.pause()  # the status line goes; the step's own line takes its place
         r = step.result
         status = r.status.value if r else "NO_KERNEL"
         style = STATUS_STYLE.get(r.status, "") if r else "yellow"
@@ -78,13 +80,15 @@ def _progress(con, t0: float):
                   f"{ratio(gm):>8} {us:>11}  best {ratio(state.best_geomean_speedup):>8}  "
                   f"tokens {state.usage.prompt_tokens + state.usage.completion_tokens:>7}  "
                   f"${state.usage.cost_usd:.2f}  {elapsed:6.0f}s  {step.idea[:70]}", soft_wrap=True)
-        if step.error and not r:
-            con.print(f"          {step.error.splitlines()[0][:150]}", markup=False)
+        why = step.error or (r.reason if r and not r.status.ok else None)
+        if why and why.strip():  # why it failed, so a broken environment does not read as a bad kernel
+            con.print(f"          {why.strip().splitlines()[0][:150]}", markup=False)
     return on_step
 
 
 def _drive(store: RunStore, task: TaskPackage, a, con) -> int:
     from .evaluator import SandboxEvaluator, choose_cases
+    from .live import LiveProgress
     from .loop import Limits, Loop
 
     cfg = store.config
@@ -94,22 +98,27 @@ def _drive(store: RunStore, task: TaskPackage, a, con) -> int:
     planner = _planner(cfg, task)
     limits = Limits(cfg.min_gain, cfg.patience, cfg.max_steps, cfg.time_limit_s, cfg.budget_usd)
     store.lock()
+    live = None if a.quiet else LiveProgress(console(stderr=True))
     try:
         con.print(f"run {store.path.name}: {task.name}, {cfg.language.value} on {cfg.device}, planner "
                   f"{planner.name}{' (' + planner.model + ')' if planner.model else ''}", soft_wrap=True)
         if cfg.device == "cpu":
             con.print("CPU mode: Triton's interpreter on the smoke cases; times and speedups show that kernels "
                       "work and compare them with each other, not how fast they are on a GPU", soft_wrap=True)
-        state = Loop(store, task, planner, evaluator, limits, _progress(con, time.monotonic())).run()
+        state = Loop(store, task, planner, evaluator, limits, _progress(con, time.monotonic(), live),
+                     progress=live).run()
     finally:
+        if live is not None:
+            live.close()
         store.unlock()
     best = store.best()
     con.print(f"{state.status.value}: {state.steps} steps, best geomean speedup "
               f"{ratio(state.best_geomean_speedup)} (step {state.best_step})", soft_wrap=True)
     if best:
         con.print(f"best kernel: {store.path / 'best'}")
-    if getattr(a, "json", False):
-        print(state.model_dump_json(indent=2))
+    if a.json:
+        print_json({"run_id": store.config.run_id, "path": str(store.path), "state": state.model_dump(mode="json"),
+                    "best": best[1].model_dump(mode="json") if best else None})
     return 130 if state.status.value == "INTERRUPTED" else 0
 
 
@@ -120,7 +129,7 @@ def cmd_run(a) -> int:
     task = load_task(a.dir)
     device = _device(a.device)
     language = _pick_language(task, device, a.language)
-    con = console(quiet=a.quiet)
+    con = human_console(a)
     planner = a.planner
     if planner == "auto":
         planner = "llm" if llm_settings_from_env(a.base_url, a.model) else "offline"
@@ -152,7 +161,7 @@ def cmd_resume(a) -> int:
     if task.digest() != cfg.task_digest and not a.force:
         raise RunError(f"{task.root}: the task package changed since run {cfg.run_id} started "
                        "(resume with --force to continue anyway)")
-    return _drive(store, task, a, console(quiet=a.quiet))
+    return _drive(store, task, a, human_console(a))
 
 
 def cmd_runs(a) -> int:
@@ -162,7 +171,7 @@ def cmd_runs(a) -> int:
             st = store.state()
             rows.append({"config": store.config.model_dump(mode="json"),
                          "state": st.model_dump(mode="json") if st else None})
-        print(json.dumps(rows, indent=2))
+        print_json(rows)
         return 0
     t = Table(title=f"runs in {runs_dir(a.runs_dir)}", title_justify="left")
     for col in ("run", "task", "planner", "lang", "device", "status", "steps", "best"):
@@ -172,7 +181,9 @@ def cmd_runs(a) -> int:
         t.add_row(cfg.run_id, cfg.task_name, cfg.planner + (f"/{cfg.model}" if cfg.model else ""),
                   cfg.language.value, cfg.device, st.status.value if st else "NEW", str(st.steps if st else 0),
                   fmt(st.best_geomean_speedup if st else None, ".2f", "x"))
-    console().print(t)
+    con = console()
+    keep_ids_whole(t, 0, con)  # the id is what a user types next
+    con.print(t)
     return 0
 
 
@@ -182,8 +193,8 @@ def cmd_show(a) -> int:
     cfg, st = store.config, store.state()
     if a.json:
         steps = [s for s in store.steps() if a.step is None or s.index == a.step]
-        print(json.dumps({"config": cfg.model_dump(mode="json"), "state": st.model_dump(mode="json") if st else None,
-                          "steps": [s.model_dump(mode="json") for s in steps]}, indent=2))
+        print_json({"config": cfg.model_dump(mode="json"), "state": st.model_dump(mode="json") if st else None,
+                    "steps": [s.model_dump(mode="json") for s in steps]})
         return 0
     if a.step is not None:
         step = next((s for s in store.steps() if s.index == a.step), None)
@@ -255,7 +266,8 @@ def add_run_commands(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--time-limit", type=float, help="stop after this many seconds")
     r.add_argument("--budget-usd", type=float, help="stop once LLM spending reaches this")
     r.add_argument("--quiet", action="store_true")
-    r.add_argument("--json", action="store_true", help="print the final run state as JSON")
+    r.add_argument("--json", action="store_true", help="print the run id, final state and best result as JSON "
+                   "on stdout (everything else goes to stderr)")
     runs_opt(r)
     r.set_defaults(fn=cmd_run)
 
@@ -263,7 +275,7 @@ def add_run_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("run_id")
     s.add_argument("--force", action="store_true", help="resume even if the task package changed")
     s.add_argument("--quiet", action="store_true")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="as for run")
     runs_opt(s)
     s.set_defaults(fn=cmd_resume)
 
