@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import time
 from pathlib import Path
@@ -226,23 +225,21 @@ def cmd_show(a) -> int:
 
 
 def cmd_leaderboard(a) -> int:
-    from .leaderboard import export, gather, print_board
+    from .leaderboard import as_json, export, gather, print_board
 
     entries = gather(runs_dir(a.runs_dir), a.task)
+    con = human_console(a)
     if a.json:
-        print(json.dumps([{"run_id": e.config.run_id, "task": e.config.task_name, "device": e.config.device,
-                           "language": e.config.language.value, "planner": e.config.planner, "model": e.config.model,
-                           "geomean_speedup": e.speedup, "mean_pct_of_floor": e.floor_pct, "path": str(e.path)}
-                          for e in entries], indent=2))
-        return 0
-    print_board(console(), entries, diff=a.diff)
+        print_json(as_json(entries))
+    else:
+        print_board(con, entries, diff=a.diff)
     if a.html:
         from .report_board import write_leaderboard_html
 
-        console().print(f"wrote {write_leaderboard_html(entries, Path(a.html))}", markup=False)
+        con.print(f"wrote {write_leaderboard_html(entries, Path(a.html))}", markup=False)
     if a.export:
         for path in export(entries, Path(a.export)):
-            console().print(f"exported {path}")
+            con.print(f"exported {path}", markup=False)
     return 0
 
 
@@ -291,7 +288,7 @@ def add_run_commands(sub: argparse._SubParsersAction) -> None:
     runs_opt(sh)
     sh.set_defaults(fn=cmd_show)
 
-    lb = sub.add_parser("leaderboard", help="best kernel of every run, ranked per task")
+    lb = sub.add_parser("leaderboard", help="best kernel of every run: GPU runs ranked per task, CPU runs apart")
     lb.add_argument("--task", help="only this task")
     lb.add_argument("--json", action="store_true", help="print the ranking as JSON")
     lb.add_argument("--diff", action="store_true", help="print each best kernel as a diff against its starter")
