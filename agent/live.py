@@ -51,7 +51,7 @@ def describe(event: Progress, step_s: float, phase_s: float) -> str:
         what += f" {event.total} case{'s' if event.total != 1 else ''}"
     parts.append(what)
     times = ([f"{phase_s:.0f} s"] if phase_s >= 1 else []) + \
-        ([f"step {step_s:.0f} s"] if event.step is not None and step_s - phase_s >= 1 else [])
+        ([f"{'step' if event.step is not None else 'total'} {step_s:.0f} s"] if step_s - phase_s >= 1 else [])
     return ": ".join(parts) + (f" ({'; '.join(times)})" if times else "")
 
 
