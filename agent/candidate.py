@@ -23,6 +23,7 @@ from .backends import CompileError, Refused, Unsupported, backend_for
 from .guard import lock_imports, watch_host_compute
 from .harness import TaskRuntime, float_scales, poison, refresh_floats, run_baseline, same_bits
 from .jobs import CaseSpec, Channel, Job
+from .progress import Phase
 from .schema import CaseKind
 
 SAMPLED_CALLS = 4  # timed calls, drawn at random, whose outputs the judge checks besides each set's last
@@ -54,6 +55,7 @@ class Candidate:
         self._baselines()
         backend = backend_for(job.language, job.device, job.compiler, job.compile_timeout_s)
         lock_imports(report=lambda why: chan.send("integrity", reason=why))
+        chan.send("phase", phase=Phase.COMPILING.value)
         try:
             backend.prepare(Path(job.source_path), Path(job.scratch))
         except (CompileError, Unsupported, Refused) as e:
@@ -77,6 +79,7 @@ class Candidate:
                 return
             extra: dict = {}
             if case.kind is not CaseKind.HIDDEN:
+                chan.send("phase", phase=Phase.TIMING.value, case=case.label)
                 timed, extra = self._timed(case, fn, backend)
                 samples += timed
             chan.send("case", case=case.label, status="RAN", samples=samples, load_ms=load_ms, **extra)
@@ -96,6 +99,7 @@ class Candidate:
             run_baseline(rt.config, list(args))
 
         for case in (c for c in self.job.cases if c.kind is not CaseKind.HIDDEN):
+            self.chan.send("phase", phase=Phase.BASELINE.value, case=case.label)
             sets = [rt.make_args(case, self.job.seed + 7919 * k)[0] for k in range(t.input_sets)]
             self.chan.send("baseline", case=case.label, timing=self.timer.eager(baseline, sets),
                            sizes=rt.describe(sets[0]))

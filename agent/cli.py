@@ -18,7 +18,7 @@ from .evaluator import CaseListError
 from .inputs import SECONDS, EnvError, OneLineParser, UserError  # noqa: F401 (re-exported)
 from .store import RunError
 from .task import TaskError, TaskPackage, detect_language, extract_code, load_task
-from .views import console, print_eval
+from .views import console, human_console, print_eval, print_json
 
 
 def _device(arg: Optional[str]) -> str:
@@ -46,7 +46,13 @@ def cmd_task_validate(a) -> int:
 
     task = load_task(a.dir)
     found = probe_task(task)
-    con = console(quiet=a.quiet)
+    con = human_console(a)
+    if a.json:
+        print_json({"task": task.name, "dir": str(task.root), "title": task.title,
+                    "languages": [lang.value for lang in task.languages], "cases": len(found["cases"]),
+                    "outputs": found["outputs"], "smoke": len(task.manifest.smoke) if task.manifest else 0,
+                    "hidden": len(task.manifest.hidden) if task.manifest else 0,
+                    "baseline_label": found["baseline_label"]})
     langs = ", ".join(lang.value for lang in task.languages) or "none"
     con.print(f"[green]ok[/] {task.root}: {task.title!r}, {len(found['cases'])} cases, languages {langs}, "
               f"outputs {found['outputs']}, {len(task.manifest.smoke) if task.manifest else 0} smoke / "
@@ -94,12 +100,21 @@ def cmd_eval(a) -> int:
     source, lang = _read_kernel(Path(a.kernel), a.language)
     device = _device(a.device)
     evaluator = make_evaluator(task, a, device)
-    result = evaluator.evaluate(source, lang)
-    if a.json:
-        out = Path(a.json)
+    from .live import LiveProgress
+
+    live = None if a.quiet else LiveProgress(console(stderr=True))
+    try:
+        result = evaluator.evaluate(source, lang, progress=live)
+    finally:
+        if live is not None:
+            live.close()
+    if a.json_out:
+        out = Path(a.json_out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result.model_dump(mode="json"), indent=2))
-    print_eval(console(quiet=a.quiet), result)
+    if a.json:
+        print_json(result.model_dump(mode="json"))
+    print_eval(human_console(a), result)
     return 0 if result.status is Status.PASSED else 1
 
 
@@ -113,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     v = tsub.add_parser("validate", help="exit 0 when a task package is usable, else name what is wrong")
     v.add_argument("dir")
     v.add_argument("--quiet", action="store_true")
+    v.add_argument("--json", action="store_true", help="print what was found as JSON on stdout")
     v.set_defaults(fn=cmd_task_validate)
     s = tsub.add_parser("show", help="title, statement, contracts, cases, starters, reference CSVs")
     s.add_argument("dir")
@@ -122,8 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("dir", help="task package directory")
     e.add_argument("kernel", help="kernel source file (Triton .py, CUDA .cu, TileLang .py, or Markdown)")
     add_eval_options(e)
-    e.add_argument("--json", metavar="OUT", help="write the validated result as JSON")
-    e.add_argument("--quiet", action="store_true", help="print nothing; use the exit code and --json")
+    e.add_argument("--json", action="store_true", help="print the validated result as JSON on stdout "
+                   "(the table goes to stderr)")
+    e.add_argument("--json-out", metavar="FILE", help="write the validated result as JSON to FILE")
+    e.add_argument("--quiet", action="store_true", help="print nothing but --json; use the exit code")
     e.add_argument("--keep-scratch", action="store_true", help="keep the sandbox's scratch directory")
     e.set_defaults(fn=cmd_eval)
 

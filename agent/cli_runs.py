@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import time
@@ -16,7 +15,7 @@ from .inputs import NON_NEGATIVE, PATIENCE, SECONDS, STEPS, UserError, check_env
 from .schema import Language, RunConfig, RunState, RunStatus, Step
 from .store import RunError, RunStore, list_runs, runs_dir
 from .task import TaskPackage, load_task
-from .views import STATUS_STYLE, console, fmt, print_eval, ratio
+from .views import STATUS_STYLE, console, fmt, human_console, keep_ids_whole, print_eval, print_json, ratio
 
 
 def _pick_language(task: TaskPackage, device: str, wanted: Optional[str]) -> Language:
@@ -70,8 +69,10 @@ def _planner(config: RunConfig, task: TaskPackage):
                           run_kernel_params(starter))
 
 
-def _progress(con, t0: float):
+def _progress(con, t0: float, live=None):
     def on_step(step: Step, state: RunState) -> None:
+        if live is not None:
+            live.pause()  # the status line goes; the step's own line takes its place
         r = step.result
         status = r.status.value if r else "NO_KERNEL"
         style = STATUS_STYLE.get(r.status, "") if r else "yellow"
@@ -83,8 +84,9 @@ def _progress(con, t0: float):
                   f"{ratio(gm):>8} {us:>11}  best {ratio(state.best_geomean_speedup):>8}  "
                   f"tokens {state.usage.prompt_tokens + state.usage.completion_tokens:>7}  "
                   f"${state.usage.cost_usd:.2f}  {elapsed:6.0f}s  {step.idea[:70]}", soft_wrap=True)
-        if step.error and not r:
-            con.print(f"          {step.error.splitlines()[0][:150]}", markup=False)
+        why = step.error or (r.reason if r and not r.status.ok else None)
+        if why and why.strip():  # why it failed, so a broken environment does not read as a bad kernel
+            con.print(f"          {why.strip().splitlines()[0][:150]}", markup=False)
     return on_step
 
 
@@ -100,6 +102,7 @@ def _preflight(task: TaskPackage, config: RunConfig):
 
 def _drive(store: RunStore, task: TaskPackage, a, con, planner) -> int:
     from .evaluator import SandboxEvaluator, choose_cases
+    from .live import LiveProgress
     from .loop import Limits, Loop
 
     cfg = store.config
@@ -108,14 +111,18 @@ def _drive(store: RunStore, task: TaskPackage, a, con, planner) -> int:
                                  compiler=shlex.split(cfg.compiler) if cfg.compiler else None)
     limits = Limits(cfg.min_gain, cfg.patience, cfg.max_steps, cfg.time_limit_s, cfg.budget_usd)
     store.lock()
+    live = None if a.quiet else LiveProgress(console(stderr=True))
     try:
         con.print(f"run {store.path.name}: {task.name}, {cfg.language.value} on {cfg.device}, planner "
                   f"{planner.name}{' (' + planner.model + ')' if planner.model else ''}", soft_wrap=True)
         if cfg.device == "cpu":
             con.print("CPU mode: Triton's interpreter on the smoke cases; times and speedups show that kernels "
                       "work and compare them with each other, not how fast they are on a GPU", soft_wrap=True)
-        state = Loop(store, task, planner, evaluator, limits, _progress(con, time.monotonic())).run()
+        state = Loop(store, task, planner, evaluator, limits, _progress(con, time.monotonic(), live),
+                     progress=live).run()
     finally:
+        if live is not None:
+            live.close()
         store.unlock()
     best = store.best()
     outcome = f"{state.status.value}: {state.reason or 'stopped'}. {state.steps} step{'s' * (state.steps != 1)}"
@@ -124,8 +131,9 @@ def _drive(store: RunStore, task: TaskPackage, a, con, planner) -> int:
     con.print(outcome, markup=False, soft_wrap=True)
     if best:
         con.print(f"best kernel: {store.path / 'best'}")
-    if getattr(a, "json", False):
-        print(state.model_dump_json(indent=2))
+    if a.json:
+        print_json({"run_id": store.config.run_id, "path": str(store.path), "state": state.model_dump(mode="json"),
+                    "best": best[1].model_dump(mode="json") if best else None})
     return {RunStatus.INTERRUPTED: 130, RunStatus.FAILED: 1}.get(state.status, 0)
 
 
@@ -136,7 +144,7 @@ def cmd_run(a) -> int:
     task = load_task(a.dir)
     device = _device(a.device)
     language = _pick_language(task, device, a.language)
-    con = console(quiet=a.quiet)
+    con = human_console(a)
     planner = a.planner
     if planner == "auto":
         planner = "llm" if llm_settings_from_env(a.base_url, a.model) else "offline"
@@ -170,7 +178,7 @@ def cmd_resume(a) -> int:
     if task.digest() != cfg.task_digest and not a.force:
         raise RunError(f"{task.root}: the task package changed since run {cfg.run_id} started "
                        "(resume with --force to continue anyway)")
-    return _drive(store, task, a, console(quiet=a.quiet), _preflight(task, cfg))
+    return _drive(store, task, a, human_console(a), _preflight(task, cfg))
 
 
 def cmd_runs(a) -> int:
@@ -179,7 +187,7 @@ def cmd_runs(a) -> int:
     root = runs_dir(a.runs_dir)
     runs = [summarize(store) for store in list_runs(root)]
     if a.json:
-        print(json.dumps([r.model_dump(mode="json") for r in runs], indent=2))
+        print_json([r.model_dump(mode="json") for r in runs])
         return 0
     # with --runs-dir, the hint to resume names the run's path, which works from anywhere
     print_runs(console(), runs, f"runs in {root}", by_path=bool(a.runs_dir))
@@ -195,9 +203,9 @@ def cmd_show(a) -> int:
     status, driven = live_status(store, st)
     if a.json:
         steps = [s for s in steps if a.step is None or s.index == a.step]
-        print(json.dumps({"config": cfg.model_dump(mode="json"), "state": st.model_dump(mode="json") if st else None,
-                          "status": status.value if status else None, "driven": driven,
-                          "steps": [s.model_dump(mode="json") for s in steps]}, indent=2))
+        print_json({"config": cfg.model_dump(mode="json"), "state": st.model_dump(mode="json") if st else None,
+                    "status": status.value if status else None, "driven": driven,
+                    "steps": [s.model_dump(mode="json") for s in steps]})
         return 0
     if a.step is not None:
         step = next((s for s in steps if s.index == a.step), None)
@@ -233,24 +241,25 @@ def cmd_show(a) -> int:
 
 
 def cmd_leaderboard(a) -> int:
-    from .leaderboard import Damaged, export, gather, json_rows, print_board
+    from .leaderboard import Damaged, as_json, export, gather, print_board
 
     damaged: list[Damaged] = []
     entries = gather(runs_dir(a.runs_dir), a.task, damaged)
-    if a.json:
-        print(json.dumps(json_rows(entries, damaged), indent=2))
-        return 0
+    con = human_console(a)
     err = console(stderr=True)
     for d in damaged:
         err.print(f"optagent: warning: skipped damaged run {d.path.name}: {d.error}", markup=False, soft_wrap=True)
-    print_board(console(), entries, diff=a.diff)
+    if a.json:
+        print_json(as_json(entries, damaged))
+    else:
+        print_board(con, entries, diff=a.diff)
     if a.html:
         from .report_board import write_leaderboard_html
 
-        console().print(f"wrote {write_leaderboard_html(entries, Path(a.html))}", markup=False)
+        con.print(f"wrote {write_leaderboard_html(entries, Path(a.html))}", markup=False)
     if a.export:
         for path in export(entries, Path(a.export)):
-            console().print(f"exported {path}")
+            con.print(f"exported {path}", markup=False)
     return 0
 
 
@@ -276,7 +285,8 @@ def add_run_commands(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--time-limit", type=SECONDS, help="stop after this many seconds")
     r.add_argument("--budget-usd", type=NON_NEGATIVE, help="stop once LLM spending reaches this")
     r.add_argument("--quiet", action="store_true")
-    r.add_argument("--json", action="store_true", help="print the final run state as JSON")
+    r.add_argument("--json", action="store_true", help="print the run id, final state and best result as JSON "
+                   "on stdout (everything else goes to stderr)")
     runs_opt(r)
     r.set_defaults(fn=cmd_run)
 
@@ -284,7 +294,7 @@ def add_run_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("run_id", help="run id, a unique prefix of it, or a run directory's path")
     s.add_argument("--force", action="store_true", help="resume even if the task package changed")
     s.add_argument("--quiet", action="store_true")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="as for run")
     runs_opt(s)
     s.set_defaults(fn=cmd_resume)
 
@@ -300,7 +310,7 @@ def add_run_commands(sub: argparse._SubParsersAction) -> None:
     runs_opt(sh)
     sh.set_defaults(fn=cmd_show)
 
-    lb = sub.add_parser("leaderboard", help="best kernel of every run, ranked per task")
+    lb = sub.add_parser("leaderboard", help="best kernel of every run: GPU runs ranked per task, CPU runs apart")
     lb.add_argument("--task", help="only this task")
     lb.add_argument("--json", action="store_true", help="print the ranking as JSON")
     lb.add_argument("--diff", action="store_true", help="print each best kernel as a diff against its starter")

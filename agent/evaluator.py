@@ -20,6 +20,7 @@ from typing import Optional
 from .cache import cache_root, write_json
 from .checks import redact, static_verdict
 from .jobs import CaseSpec, Job, TimingSpec
+from .progress import Phase, PipeRelay, Progress, ProgressSink
 from .sandbox import WorkerRun, keep_scratch, new_scratch, remove_scratch, run_worker
 from .schema import CaseKind, CaseResult, EvalResult, Language, Status, Timing, worst
 from .task import TaskError, TaskPackage
@@ -99,8 +100,10 @@ class SandboxEvaluator:
         self.timing = TimingSpec() if device == "cuda" else TimingSpec(min_iters=2, max_iters=3, budget_s=0.0,
                                                                        input_sets=2, warmup=1)
 
-    def evaluate(self, source: str, language: Language) -> EvalResult:
+    def evaluate(self, source: str, language: Language, progress: Optional[ProgressSink] = None) -> EvalResult:
+        """progress, when given, hears each phase of the evaluation as it starts."""
         start = time.monotonic()
+        relay = PipeRelay(progress, self.cases) if progress else None
         sha = hashlib.sha256(source.encode()).hexdigest()
         common = dict(language=language, device=self.device, source_sha256=sha)
         why = static_verdict(source, language) if self.static_scan else None
@@ -117,14 +120,17 @@ class SandboxEvaluator:
                       source_path=str(src), cases=self.cases, seed=secrets.randbits(40), nonce=nonce,
                       scratch=str(scratch), timing=self.timing, compiler=self.compiler,
                       outputs_dir=str(scratch / "outputs"))
-            run = run_worker(job, self.timeout_s)
-            result = self._assemble(job, run, common, start)
+            if progress:
+                progress(Progress(phase=Phase.STARTING))
+            run = run_worker(job, self.timeout_s, on_message=relay)
+            result = self._assemble(job, run, common, start, relay)
         finally:
             (keep_scratch if self.keep else remove_scratch)(scratch)
         # A kernel that reads a secret and raises it would put it in a reason or the log.
         return EvalResult.model_validate_json(redact(result.model_dump_json()))
 
-    def _assemble(self, job: Job, run: WorkerRun, common: dict, start: float) -> EvalResult:
+    def _assemble(self, job: Job, run: WorkerRun, common: dict, start: float,
+                  relay: Optional[PipeRelay] = None) -> EvalResult:
         hello = run.first("hello") or {}
         forged = self._forged(run)
         baselines = _first_per_case(run.all("baseline"))
@@ -178,7 +184,7 @@ class SandboxEvaluator:
             cases.append(CaseResult(status=Status.PASSED, **row))
             ran.append(spec)
         if ran:
-            cases = self._judge(job, run, ran, cases)
+            cases = self._judge(job, run, ran, cases, relay)
         status = worst([c.status for c in cases]) if cases else Status.RUNTIME_ERROR
         reason = next((f"case {c.case}: {c.reason}" for c in cases if c.status is status and c.reason), None)
         integrity = run.all("integrity")
@@ -216,10 +222,13 @@ class SandboxEvaluator:
         lines = [ln for ln in run.stderr_tail.strip().splitlines() if ln.strip()][-3:]
         return Status.RUNTIME_ERROR, f"the candidate process {run.exit_text}" + (f": {' | '.join(lines)[:400]}" if lines else "")
 
-    def _judge(self, job: Job, run: WorkerRun, ran: list[CaseSpec], cases: list[CaseResult]) -> list[CaseResult]:
+    def _judge(self, job: Job, run: WorkerRun, ran: list[CaseSpec], cases: list[CaseResult],
+               relay: Optional[PipeRelay] = None) -> list[CaseResult]:
         samples = {m["case"]: m["samples"] for m in run.all("case") if m["status"] == "RAN"}
         jjob = job.model_copy(update={"mode": "judge", "cases": ran, "samples": samples, "source_path": None})
-        verdict_run = run_worker(jjob, self.timeout_s)
+        if relay:
+            relay.judging(ran)
+        verdict_run = run_worker(jjob, self.timeout_s, on_message=relay)
         verdicts = {m["case"]: m for m in verdict_run.all("verdict")}
         failure = verdict_run.first("error")
         out = []

@@ -63,6 +63,15 @@ class Channel:
             data = data[n:]
 
 
+def parse_line(line: bytes, nonce: str) -> Optional[dict]:
+    """One line of the pipe as a message of this run, or None."""
+    try:
+        msg = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return msg if isinstance(msg, dict) and msg.get("nonce") == nonce else None
+
+
 def parse_messages(raw: bytes, nonce: str) -> tuple[list[dict], int]:
     """Messages from the pipe, and how many lines were not the harness's (forged or garbled)."""
     out, dropped = [], 0

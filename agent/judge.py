@@ -19,6 +19,7 @@ import torch
 
 from .harness import TaskRuntime, clone_args, float_scales, refresh_floats, run_baseline
 from .jobs import CaseSpec, Channel, Job
+from .progress import Phase
 from .schema import CaseKind
 
 
@@ -100,6 +101,7 @@ def judge(job: Job, chan: Channel) -> None:
         bandwidth = measured_bandwidth_gbs() if hasattr(rt.hooks, "bytes_moved") else None
         tflops = measured_matmul_tflops() if hasattr(rt.hooks, "flops") else None
     for case in job.cases:
+        chan.send("phase", phase=Phase.JUDGING.value, case=case.label)
         samples = job.samples.get(case.label, [])
         worst: Optional[dict] = None
         agg = {"rel_err": 0.0, "max_abs_err": 0.0, "tolerance": None}

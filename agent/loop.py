@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from .progress import Phase, Progress, ProgressSink, Subject, stamped
 from .protocols import Evaluator, GpuFacts, Planner, PlannerContext, PlannerExhausted, redact
 from .schema import EvalResult, Proposal, RunState, RunStatus, Step, StepOutcome, Usage, now
 from .store import RunStore
@@ -76,9 +77,10 @@ def noise(result: EvalResult) -> float:
 
 class Loop:
     def __init__(self, store: RunStore, task: TaskPackage, planner: Planner, evaluator: Evaluator, limits: Limits,
-                 on_step: Callable[[Step, RunState], None] = lambda s, st: None):
+                 on_step: Callable[[Step, RunState], None] = lambda s, st: None,
+                 progress: Optional[ProgressSink] = None):
         self.store, self.task, self.planner, self.evaluator = store, task, planner, evaluator
-        self.limits, self.on_step = limits, on_step
+        self.limits, self.on_step, self.progress = limits, on_step, progress
         self.config = store.config
         self.started = time.monotonic()
 
@@ -97,6 +99,8 @@ class Loop:
                     index, proposal = pending
                 else:
                     index = len(self.store.steps())
+                    if self.progress:
+                        self.progress(Progress(phase=Phase.PROPOSING, step=index))
                     try:
                         proposal = self.planner.propose(self._context(index))
                         failures = 0
@@ -171,7 +175,7 @@ class Loop:
             return Step(**base, finished_at=now(), outcome=StepOutcome.NO_KERNEL, error=proposal.error)
         self.store.save_proposal(index, proposal, self.config.language)
         language = self.config.language
-        result = self.evaluator.evaluate(proposal.source, language)
+        result = self.evaluator.evaluate(proposal.source, language, progress=stamped(self.progress, step=index))
         sha = result.source_sha256
         best = self.store.best()
         if not result.status.ok:
@@ -180,11 +184,11 @@ class Loop:
             outcome, note = (StepOutcome.BASELINE if index == 0 else StepOutcome.ACCEPTED), None
             self.store.save_best(proposal.source, result)
         else:
-            outcome, note, result = self._compare(best, proposal.source, result)
+            outcome, note, result = self._compare(best, proposal.source, result, index)
         return Step(**base, finished_at=now(), outcome=outcome, candidate_sha256=sha, result=result,
                     retime_note=note, error=result.reason if not result.status.ok else None)
 
-    def _compare(self, best: tuple[str, EvalResult], source: str, result: EvalResult):
+    def _compare(self, best: tuple[str, EvalResult], source: str, result: EvalResult, index: int):
         """Noise-aware acceptance: faster by more than the spread, re-timed back to back."""
         best_source, best_result = best
         t_best, t_new = best_result.geomean_time_us, result.geomean_time_us
@@ -197,8 +201,10 @@ class Loop:
             return StepOutcome.ACCEPTED, (f"gain {gain:+.1%} over the incumbent's recorded timing, far above the "
                                           f"noise ({spread:.1%}): not re-timed"), result
         language = self.config.language
-        again_best = self.evaluator.evaluate(best_source, language)
-        again_new = self.evaluator.evaluate(source, language)
+        again_best = self.evaluator.evaluate(
+            best_source, language, progress=stamped(self.progress, step=index, subject=Subject.INCUMBENT_RETIME))
+        again_new = self.evaluator.evaluate(
+            source, language, progress=stamped(self.progress, step=index, subject=Subject.CANDIDATE_RETIME))
         fresh = bool(again_best.status.ok and again_best.geomean_time_us)
         if not again_new.status.ok:
             outcome, note, kept = StepOutcome.FAILED, "failed when re-timed", again_new

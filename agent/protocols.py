@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Protocol, runtime_checkable
 
+from .progress import ProgressSink
 from .schema import EvalResult, Language, Proposal, Step, Usage
 
 
@@ -76,7 +77,9 @@ class LLM(Protocol):
 class Evaluator(Protocol):
     device: str
 
-    def evaluate(self, source: str, language: Language) -> EvalResult: ...
+    def evaluate(self, source: str, language: Language, progress: Optional[ProgressSink] = None) -> EvalResult:
+        """progress, when given, hears each phase as it starts (agent/progress.py); it may be ignored."""
+        ...
 
 
 def redact(step: Step, source: Optional[str] = None) -> Attempt:

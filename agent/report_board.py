@@ -1,5 +1,6 @@
-"""The leaderboard as one self-contained HTML page: per task and device, the best kernels
-ranked, a bar chart of their speedups and each one's diff against the starter."""
+"""The leaderboard as one self-contained HTML page: per task, the GPU runs' best kernels ranked,
+a bar chart of their speedups and each one's diff against the starter; CPU runs in sections of
+their own, listed without rank or chart (their times are the interpreter's)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from .store import atomic_write, ext, unified_diff
 
 @dataclass
 class BoardEntry:
-    rank: int
+    rank: Optional[int]  # None in a CPU section: not ranked by speed
     entry: object
     planner: str
     floor_pct: Optional[float]
@@ -35,28 +36,30 @@ class BoardGroup:
     device_name: str
     cpu: bool
     rows: list[BoardEntry]
-    chart: HBarChart
+    chart: Optional[HBarChart]
 
 
 def leaderboard_page(entries: Sequence) -> list[BoardGroup]:
-    groups: dict[tuple[str, str], list] = {}
+    """Groups per task and device kind, GPU groups first; entries in leaderboard.gather()'s order."""
+    groups: dict[tuple[bool, str], list] = {}
     for e in entries:
-        groups.setdefault((e.config.task_name, e.config.device), []).append(e)
+        cpu = e.config.device == "cpu" or _is_cpu([e.result])
+        groups.setdefault((cpu, e.config.task_name), []).append(e)
     out = []
-    for (task, device), es in groups.items():
-        es = sorted(es, key=lambda e: -e.speedup)
+    for (cpu, task), es in sorted(groups.items(), key=lambda kv: kv[0]):
         rows = []
-        for i, e in enumerate(es, 1):
+        for i, e in enumerate(es if cpu else sorted(es, key=lambda e: -e.speedup), 1):
             planner = e.config.planner + (f"/{e.config.model}" if e.config.model else "")
             x = ext(e.config.language)
-            rows.append(BoardEntry(i, e, planner, e.floor_pct, _when(e.config.created_at),
+            rows.append(BoardEntry(None if cpu else i, e, planner, e.floor_pct, _when(e.config.created_at),
                                    diff_lines(unified_diff(e.starter, e.source, f"starter{x}", f"best{x}")),
                                    re.sub(r"[^A-Za-z0-9_-]", "-", e.config.run_id)))
-        chart = speedup_bars([(f"#{r.rank} {shorten(r.entry.config.run_id, 46)}", r.entry.speedup,
-                               f"{r.entry.config.run_id}\n{r.planner}, {r.entry.config.language.value}\n"
-                               f"{r.entry.speedup:.2f}x geomean speedup") for r in rows])
-        name = next((e.result.device_name for e in es if e.result.device_name), None) or device
-        out.append(BoardGroup(task, device, name, device == "cpu" or _is_cpu(e.result for e in es), rows, chart))
+        chart = None if cpu else speedup_bars([
+            (f"#{r.rank} {shorten(r.entry.config.run_id, 46)}", r.entry.speedup,
+             f"{r.entry.config.run_id}\n{r.planner}, {r.entry.config.language.value}\n"
+             f"{r.entry.speedup:.2f}x geomean speedup") for r in rows])
+        name = "CPU" if cpu else next((e.result.device_name for e in es if e.result.device_name), None) or "GPU"
+        out.append(BoardGroup(task, "cpu" if cpu else "cuda", name, cpu, rows, chart))
     return out
 
 

@@ -21,9 +21,9 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
-from .jobs import Job, parse_messages
+from .jobs import Job, parse_line, parse_messages
 
 ALLOWED_ENV = {
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SHELL",
@@ -89,7 +89,9 @@ def _kill_marked(marker: str) -> None:
             continue
 
 
-def run_worker(job: Job, timeout_s: float) -> WorkerRun:
+def run_worker(job: Job, timeout_s: float, on_message: Optional[Callable[[dict], None]] = None) -> WorkerRun:
+    """Run one worker to its end; on_message sees each of its messages as it arrives (for live
+    progress only: the returned messages are parsed again, from everything the pipe carried)."""
     scratch = Path(job.scratch)
     scratch.mkdir(parents=True, exist_ok=True)
     job_file = scratch / f"job-{job.mode}.json"
@@ -110,6 +112,7 @@ def run_worker(job: Job, timeout_s: float) -> WorkerRun:
     timed_out = False
     deadline = start + timeout_s
     interrupted = False
+    pending = b""
     try:
         while True:
             left = deadline - time.monotonic()
@@ -122,6 +125,14 @@ def run_worker(job: Job, timeout_s: float) -> WorkerRun:
                 if not data:
                     break
                 chunks.append(data)
+                if on_message is not None:
+                    *lines, pending = (pending + data).split(b"\n")
+                    if len(pending) > 1 << 20:  # no harness message is this long: not worth re-copying
+                        pending = b""
+                    for line in lines:
+                        msg = parse_line(line, job.nonce)
+                        if msg is not None:
+                            on_message(msg)
     except BaseException:  # Ctrl-C or a kill of our own: take the worker down with us
         interrupted = True
         raise

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import sys
 from typing import Optional
@@ -22,6 +24,37 @@ def console(stderr: bool = False, quiet: bool = False) -> Console:
     piped = not (sys.stderr if stderr else sys.stdout).isatty()
     return Console(stderr=stderr, no_color=no_color, highlight=False, quiet=quiet, soft_wrap=False,
                    width=160 if piped and not os.environ.get("COLUMNS", "").isdigit() else None)
+
+
+def human_console(a) -> Console:
+    """A command's human output: stdout, or stderr under --json, where stdout holds only the JSON document."""
+    return console(stderr=bool(getattr(a, "json", False)), quiet=bool(getattr(a, "quiet", False)))
+
+
+def print_json(doc) -> None:
+    """A command's --json document: the one thing it writes on stdout."""
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def keep_ids_whole(t: Table, column: int, con: Console) -> None:
+    """Make a (filled) id column the last to give way: whole where the table still fits the width, else
+    folded onto more lines, never cut (the id is what a user types next)."""
+    c = t.columns[column]
+    c.overflow = "fold"
+    probe = Console(file=io.StringIO(), width=con.width, color_system=None)
+
+    def fits(width: int) -> bool:  # a min_width the other columns cannot make room for overflows the line
+        c.min_width = width
+        with probe.capture() as cap:
+            probe.print(t, crop=False)
+        return max(map(len, cap.get().splitlines()), default=0) <= con.width
+
+    lo, hi = 1, max((len(str(x)) for x in c.cells), default=1)
+    while lo < hi:  # the widest min_width that fits
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    c.min_width = lo
 
 
 def fmt(x: Optional[float], spec: str = ".1f", suffix: str = "") -> str:

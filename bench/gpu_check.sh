@@ -35,7 +35,7 @@ MORE="ragged_prefill fused_moe mla_decode"
 
 ev() {  # ev NAME TASK KERNEL [args...]
   local name=$1 task=$2 kernel=$3; shift 3
-  /usr/bin/time -f "%e" -o "$OUT/$name.time" python3 -m optagent.cli eval "$task" "$kernel" --json "$OUT/$name.json" "$@" \
+  /usr/bin/time -f "%e" -o "$OUT/$name.time" python3 -m optagent.cli eval "$task" "$kernel" --json-out "$OUT/$name.json" "$@" \
     > "$OUT/$name.log" 2>&1
   echo "$name: exit $? in $(cat "$OUT/$name.time") s"
 }

@@ -159,10 +159,12 @@ def test_cli_eval_json_and_exit_codes(tmp_path, task_dir, starter):
     good.write_text(starter)
     out = tmp_path / "r.json"
     cmd = [sys.executable, "-m", "optagent.cli", "eval", str(task_dir), str(good), "--device", "cpu", "--no-hidden",
-           "--json", str(out)]
+           "--json-out", str(out), "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(out.read_text())
+    assert json.loads(proc.stdout) == data  # --json: the document alone on stdout, the table on stderr
+    assert "PASSED" in proc.stderr and "smoke-1" in proc.stderr
     assert data["status"] == "PASSED"
     for case in data["cases"]:
         for key in ("case", "status", "rel_err", "max_abs_err", "time_us", "baseline_us", "speedup"):

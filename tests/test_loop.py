@@ -37,7 +37,7 @@ class ScriptedEvaluator:
     def __init__(self, times: dict[str, list], spread: float = 0.0):
         self.times, self.spread, self.calls = times, spread, []
 
-    def evaluate(self, source: str, language: Language) -> EvalResult:
+    def evaluate(self, source: str, language: Language, progress=None) -> EvalResult:
         self.calls.append(source)
         seq = self.times[source]
         value = seq.pop(0) if len(seq) > 1 else seq[0]

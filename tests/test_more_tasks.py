@@ -153,12 +153,12 @@ def jobs(tmp_path_factory):
         pkg = str(TASKS / folder)
         j.start(f"validate-{name}", optagent + ["task", "validate", pkg])
         j.start(f"eval-{name}", optagent + ["eval", pkg, f"{pkg}/starter/{triton_file}", "--device", "cpu",
-                                            "--json", str(base / f"eval-{name}.json")])
+                                            "--json-out", str(base / f"eval-{name}.json")])
         if NVCC:
             j.start(f"nvcc-{name}", [NVCC, "-O3", "-shared", "-Xcompiler", "-fPIC", "-arch=sm_90", "-o",
                                      str(base / f"{name}.so"), f"{pkg}/starter/{cuda_file}"])
     j.start("eval-attack", optagent + ["eval", str(pkg_dir("ragged_prefill")), str(ATTACK), "--device", "cpu",
-                                       "--json", str(base / "eval-attack.json")])
+                                       "--json-out", str(base / "eval-attack.json")])
     j.base = base
     yield j
     j.stop()

@@ -1,0 +1,89 @@
+"""Live progress of a step: typed events, and how the worker's pipe messages become them.
+
+An evaluation takes from seconds to minutes; its phases (the worker starting, the
+baseline timed, the kernel compiled, each case run and timed, the judge) reach
+the orchestrator as they happen, as messages on the worker's result pipe. Only
+harness code sends them. They are for display: the result is assembled from the
+full message list once the worker has exited, never from these events.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Optional, Protocol
+
+from .jobs import CaseSpec
+from .schema import CaseKind, Record
+
+
+class Phase(str, enum.Enum):
+    PROPOSING = "proposing"  # the planner writes the next kernel (an LLM call can take minutes)
+    STARTING = "starting"  # a worker process starts and loads the task package
+    BASELINE = "baseline"  # timing the task's baseline, case by case
+    COMPILING = "compiling"
+    CASE = "case"  # running and checking the kernel on a case
+    TIMING = "timing"  # timing the kernel on a case
+    JUDGING = "judging"  # the trusted judge checks the saved outputs
+
+
+class Subject(str, enum.Enum):
+    """Which kernel an evaluation is about."""
+
+    CANDIDATE = "candidate"
+    INCUMBENT_RETIME = "incumbent-retime"  # the best so far, timed again back to back with a candidate
+    CANDIDATE_RETIME = "candidate-retime"
+
+
+class Progress(Record):
+    phase: Phase
+    subject: Subject = Subject.CANDIDATE
+    step: Optional[int] = None
+    case: Optional[str] = None  # the case label
+    index: Optional[int] = None  # 1-based position of the case among `total`
+    total: Optional[int] = None
+
+
+class ProgressSink(Protocol):
+    def __call__(self, event: Progress) -> None: ...
+
+
+def stamped(sink: Optional[ProgressSink], **fields) -> Optional[ProgressSink]:
+    """A sink that adds fields (the step, the subject) to every event before passing it on."""
+    if sink is None:
+        return None
+
+    def stamp(event: Progress) -> None:
+        sink(event.model_copy(update=fields))
+    return stamp
+
+
+class PipeRelay:
+    """Turns a worker's pipe messages into Progress events, with the case's place in its list."""
+
+    def __init__(self, sink: ProgressSink, cases: list[CaseSpec]):
+        self.sink = sink
+        self.all = [c.label for c in cases]
+        self.timed = [c.label for c in cases if c.kind is not CaseKind.HIDDEN]  # baselines are timed on these
+        self.judged = self.all
+
+    def judging(self, ran: list[CaseSpec]) -> None:
+        self.judged = [c.label for c in ran]
+        self.sink(Progress(phase=Phase.JUDGING, total=len(ran)))
+
+    def __call__(self, msg: dict) -> None:
+        kind = msg.get("type")
+        if kind == "case_start":
+            phase = Phase.CASE
+        elif kind == "phase":
+            try:
+                phase = Phase(msg.get("phase"))
+            except ValueError:
+                return
+        else:
+            return
+        case = msg.get("case")
+        labels = {Phase.BASELINE: self.timed, Phase.JUDGING: self.judged}.get(phase, self.all)
+        index = labels.index(case) + 1 if isinstance(case, str) and case in labels else None
+        self.sink(Progress(phase=phase, case=case if index else None, index=index,
+                           total=len(labels) if index else None))
+
