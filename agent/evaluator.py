@@ -19,6 +19,7 @@ from typing import Optional
 
 from .cache import cache_root, write_json
 from .checks import redact, static_verdict
+from .interpreter_faults import source_uses_fp8
 from .jobs import CaseSpec, Job, TimingSpec
 from .sandbox import WorkerRun, new_scratch, remove_scratch, run_worker
 from .schema import CaseKind, CaseResult, EvalResult, Language, Status, Timing, worst
@@ -116,7 +117,7 @@ class SandboxEvaluator:
             job = Job(mode="candidate", task_dir=str(self.task.root), device=self.device, language=language,
                       source_path=str(src), cases=self.cases, seed=secrets.randbits(40), nonce=nonce,
                       scratch=str(scratch), timing=self.timing, compiler=self.compiler,
-                      outputs_dir=str(scratch / "outputs"))
+                      outputs_dir=str(scratch / "outputs"), source_fp8=source_uses_fp8(source))
             run = run_worker(job, self.timeout_s)
             result = self._assemble(job, run, common, start)
         finally:

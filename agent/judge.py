@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 
 from .harness import TaskRuntime, clone_args, float_scales, refresh_floats, run_baseline
+from .interpreter_faults import blame_interpreter
 from .jobs import CaseSpec, Channel, Job
 from .schema import CaseKind
 
@@ -120,6 +121,8 @@ def judge(job: Job, chan: Channel) -> None:
             if tflops:
                 floors["compute_floor_us"] = rt.hooks.flops(args) / (tflops * 1e6)
         result = worst or {"status": "PASSED"}
+        if job.device == "cpu" and result["status"] == "INCORRECT":
+            result = blame_interpreter(result, job.source_fp8, _rebuild(rt, case, samples[0])[0])
         chan.send("verdict", case=case.label, **{**agg, **result}, **floors)
     chan.send("done")
 
