@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from .cache import cache_root, write_json
-from .checks import redact, static_verdict
+from .checks import python_syntax_error, redact, static_verdict
 from .interpreter_faults import source_uses_fp8
 from .jobs import CaseSpec, Job, TimingSpec
 from .sandbox import WorkerRun, new_scratch, remove_scratch, run_worker
@@ -104,6 +104,12 @@ class SandboxEvaluator:
         start = time.monotonic()
         sha = hashlib.sha256(source.encode()).hexdigest()
         common = dict(language=language, device=self.device, source_sha256=sha)
+        # A syntax error first: it is what is wrong, whatever else the scan would say of the text
+        # (a file cut off before its @triton.jit "defines no kernel" too).
+        bad = python_syntax_error(source) if language is not Language.CUDA else None
+        if bad:
+            return EvalResult(status=Status.COMPILE_ERROR, reason=bad, **common, cases=[],
+                              wall_s=time.monotonic() - start)
         why = static_verdict(source, language) if self.static_scan else None
         if why:
             return EvalResult(status=Status.REJECTED, reason=f"rejected before running: {why}", **common,
