@@ -27,7 +27,10 @@ def prompts_dir() -> Union[Path, Traversable]:
     override = os.environ.get("OPTAGENT_PROMPTS_DIR")
     if override:
         return Path(override).expanduser().resolve()
-    return resources.files(TEMPLATE_PACKAGE)
+    try:
+        return resources.files(TEMPLATE_PACKAGE)
+    except ModuleNotFoundError:  # an editable install made before prompts/ was package data: the checkout's
+        return Path(__file__).resolve().parent.parent / "prompts"
 
 
 def _source_in(folder: Union[Path, Traversable]):
@@ -43,6 +46,7 @@ def _source_in(folder: Union[Path, Traversable]):
 
 @lru_cache(maxsize=8)
 def _environment(override: Optional[str]) -> jinja2.Environment:
+    """One environment per OPTAGENT_PROMPTS_DIR value (``override`` is the cache key)."""
     folder = prompts_dir()
     # StrictUndefined: a misspelt variable must fail loudly, not silently drop a prompt section.
     env = jinja2.Environment(
