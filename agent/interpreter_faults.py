@@ -22,6 +22,8 @@ import re
 from functools import lru_cache
 from typing import Optional
 
+from .schema import Status
+
 # Triton's fp8 types (tl.float8e4nv, ...), PyTorch's (torch.float8_e4m3fn, ...) and the fp8e* type strings.
 FP8_NAME = re.compile(r"\bfloat8(?:e4nv|e4b15|e4b8|e5|e5b16)\b|\bfloat8_e[45]m[23]\w*|\bfp8e[45]\w*")
 ISSUE = "triton-lang/triton#8322"
@@ -69,11 +71,11 @@ def fp8_fault() -> Optional[str]:
 
 def blame_interpreter(verdict: dict, source_fp8: bool, args: list) -> dict:
     """A CPU case's INCORRECT verdict as UNSUPPORTED where a known interpreter fault explains it."""
-    if verdict.get("status") != "INCORRECT" or not (source_fp8 or has_fp8_tensors(args)):
+    if verdict.get("status") != Status.INCORRECT.value or not (source_fp8 or has_fp8_tensors(args)):
         return verdict
     fault = fp8_fault()
     if fault is None:
         return verdict
-    return {**verdict, "status": "UNSUPPORTED",
+    return {**verdict, "status": Status.UNSUPPORTED.value,
             "reason": f"UNSUPPORTED on CPU: {fault}, so this fp8 kernel cannot be checked here; evaluate it on a "
                       f"GPU (the check said: {verdict['reason']})"}
