@@ -129,11 +129,24 @@ def _import_why(node: ast.AST, aliases: dict[str, str]) -> Optional[str]:
     return None
 
 
+def python_syntax_error(source: str) -> Optional[str]:
+    """The source's syntax error as one line, ``SyntaxError: <what> (line N): <the line>``, or None."""
+    try:
+        ast.parse(source)
+    except SyntaxError as e:  # IndentationError and TabError too
+        where = f" (line {e.lineno})" if e.lineno else ""
+        text = (e.text or "").strip().replace("\0", "")
+        return f"SyntaxError: {e.msg}{where}" + (f": {text}" if text else "")
+    except ValueError as e:  # null bytes, on Pythons that say so with a ValueError
+        return f"SyntaxError: {e}"
+    return None
+
+
 def scan_python(source: str) -> Optional[str]:
     try:
         tree = ast.parse(source)
-    except SyntaxError:
-        return None  # the backend reports it as COMPILE_ERROR with the line
+    except (SyntaxError, ValueError):
+        return None  # python_syntax_error's, reported first as COMPILE_ERROR with the line
     aliases: dict[str, str] = {}
     device: set[int] = set()  # nodes inside @triton.jit / autotune / prim_func functions
     for node in ast.walk(tree):

@@ -32,7 +32,13 @@ def _device(arg: Optional[str]) -> str:
 def _read_kernel(path: Path, language: Optional[str]) -> tuple[str, Language]:
     if not path.is_file():
         raise UserError(f"{path}: no such kernel file")
-    text = path.read_text(encoding="utf-8", errors="replace")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a kernel source (a binary file: not UTF-8 text)") from None
+    if "\0" in text:
+        raise UserError(f"{path}: not a kernel source (a binary file: it holds NUL bytes)")
     if path.suffix.lower() == ".md":
         text = extract_code(text) or text
     lang = Language(language) if language else detect_language(text)

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Optional
 
 from .cache import cache_root, write_json
-from .checks import redact, static_verdict
+from .checks import python_syntax_error, redact, static_verdict
+from .interpreter_faults import source_uses_fp8
 from .jobs import CaseSpec, Job, TimingSpec
 from .progress import Phase, PipeRelay, Progress, ProgressSink
 from .sandbox import WorkerRun, keep_scratch, new_scratch, remove_scratch, run_worker
@@ -106,6 +107,12 @@ class SandboxEvaluator:
         relay = PipeRelay(progress, self.cases) if progress else None
         sha = hashlib.sha256(source.encode()).hexdigest()
         common = dict(language=language, device=self.device, source_sha256=sha)
+        # A syntax error first: it is what is wrong, whatever else the scan would say of the text
+        # (a file cut off before its @triton.jit "defines no kernel" too).
+        bad = python_syntax_error(source) if language is not Language.CUDA else None
+        if bad:
+            return EvalResult(status=Status.COMPILE_ERROR, reason=bad, **common, cases=[],
+                              wall_s=time.monotonic() - start)
         why = static_verdict(source, language) if self.static_scan else None
         if why:
             return EvalResult(status=Status.REJECTED, reason=f"rejected before running: {why}", **common,
@@ -119,7 +126,7 @@ class SandboxEvaluator:
             job = Job(mode="candidate", task_dir=str(self.task.root), device=self.device, language=language,
                       source_path=str(src), cases=self.cases, seed=secrets.randbits(40), nonce=nonce,
                       scratch=str(scratch), timing=self.timing, compiler=self.compiler,
-                      outputs_dir=str(scratch / "outputs"))
+                      outputs_dir=str(scratch / "outputs"), source_fp8=source_uses_fp8(source))
             if progress:
                 progress(Progress(phase=Phase.STARTING))
             run = run_worker(job, self.timeout_s, on_message=relay)

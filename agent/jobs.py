@@ -46,6 +46,7 @@ class Job(Record):
     compile_timeout_s: float = 180.0
     outputs_dir: Optional[str] = None  # where the candidate saves outputs for the judge
     samples: dict[str, list[dict]] = Field(default_factory=dict)  # judge: saved outputs per case
+    source_fp8: bool = False  # judge: the candidate's source names an fp8 type (interpreter_faults)
 
 
 class Channel:

@@ -18,9 +18,10 @@ from typing import Optional
 import torch
 
 from .harness import TaskRuntime, clone_args, float_scales, refresh_floats, run_baseline
+from .interpreter_faults import blame_interpreter
 from .jobs import CaseSpec, Channel, Job
 from .progress import Phase
-from .schema import CaseKind
+from .schema import CaseKind, Status
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -122,6 +123,8 @@ def judge(job: Job, chan: Channel) -> None:
             if tflops:
                 floors["compute_floor_us"] = rt.hooks.flops(args) / (tflops * 1e6)
         result = worst or {"status": "PASSED"}
+        if job.device == "cpu" and result["status"] == Status.INCORRECT.value:
+            result = blame_interpreter(result, job.source_fp8, _rebuild(rt, case, samples[0])[0])
         chan.send("verdict", case=case.label, **{**agg, **result}, **floors)
     chan.send("done")
 

@@ -9,6 +9,7 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
+from ..checks import python_syntax_error
 from ..schema import Language
 from . import CompileError, Unsupported
 
@@ -25,11 +26,9 @@ class PythonBackend:
                 raise Unsupported("TileLang is not installed in this environment (pip install tilelang)")
             if self.device != "cuda":
                 raise Unsupported("TileLang kernels need a CUDA GPU; none is visible")
-        source = source_path.read_text(encoding="utf-8")
-        try:
-            compile(source, str(source_path), "exec")
-        except SyntaxError as e:
-            raise CompileError(f"SyntaxError: {e.msg} (line {e.lineno}): {(e.text or '').strip()}") from None
+        bad = python_syntax_error(source_path.read_text(encoding="utf-8"))
+        if bad:
+            raise CompileError(bad)
         self.scratch = scratch
         self.source_path = source_path
 

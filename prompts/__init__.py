@@ -1,0 +1,1 @@
+"""The prompt templates (*.j2), installed as optagent.prompt_templates; agent/prompts.py renders them."""
