@@ -12,8 +12,8 @@ from __future__ import annotations
 import enum
 from typing import Optional, Protocol
 
-from .jobs import CaseSpec
-from .schema import CaseKind, Record
+from optagent.messages import CaseSpec
+from optagent.schema import CaseKind, Record
 
 
 class Phase(str, enum.Enum):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Protocol, runtime_checkable
 
-from .progress import ProgressSink
-from .schema import EvalResult, Language, Proposal, Step, Usage
+from optagent.progress import ProgressSink
+from optagent.schema import EvalResult, Language, Proposal, Step, Usage
 
 
 class PlannerExhausted(Exception):
@@ -86,7 +86,7 @@ def redact(step: Step, source: Optional[str] = None) -> Attempt:
     """A step as the planner may see it: hidden integrity cases reduced to a verdict."""
     result = step.result
     if result is not None:
-        from .schema import CaseKind
+        from optagent.schema import CaseKind
 
         hidden = [c for c in result.cases if c.kind is CaseKind.HIDDEN]
         shown = [c for c in result.cases if c.kind is not CaseKind.HIDDEN]

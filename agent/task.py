@@ -18,7 +18,7 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .schema import Language
+from optagent.schema import Language
 
 try:
     import tomllib

@@ -44,7 +44,7 @@ def load(path: Path):
     if path.suffix == ".cu":
         import tempfile
 
-        from optagent.backends.cuda import CudaBackend
+        from optagent.worker.backends.cuda import CudaBackend
 
         backend = CudaBackend("cuda", None, 300)
         backend.prepare(path.resolve(), Path(tempfile.mkdtemp(prefix="decode_table_")))
@@ -135,7 +135,7 @@ def main() -> None:
         kernels["starter"] = load(TASK / "starter" / "decode_triton.py")
     for p in sys.argv[1:]:
         kernels[Path(p).parent.parent.name[-12:] if Path(p).stem == "kernel" else Path(p).stem] = load(Path(p))
-    from optagent.bench import measured_bandwidth_gbs
+    from optagent.worker.bench import measured_bandwidth_gbs
 
     measured = measured_bandwidth_gbs()  # the evaluator's own measurement, cached per GPU
     bw = max(measured, ANCHOR_GBS)  # never a lower floor than the anchors use

@@ -1,6 +1,6 @@
 """Where a bulk-kernel launch spends its time, block by block, on a GPU.
 
-Builds agent/strategies/paged_decode/splitkv_bulk.cu (or $SOURCE) with timestamps
+Builds agent/search/strategies/paged_decode/splitkv_bulk.cu (or $SOURCE) with timestamps
 (%globaltimer) patched in at POINTS places of every block. Per case and L2 flush (FLUSHES:
 zero, read, none) it prints medians over launches of: the wait for the first tile, the
 stream (median and slowest block), how long after the first block finished streaming the
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_table import flusher, make  # same inputs and flushes as the table
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ROOT / "agent" / "strategies" / "paged_decode" / "splitkv_bulk.cu"
+SOURCE = ROOT / "agent" / "search" / "strategies" / "paged_decode" / "splitkv_bulk.cu"
 # Stamps: 0 entry, 1 its first tile landed (bulk path), 2 token stream done, 8 streams' state in
 # shared memory, 3 partials written, 4 fenced, 5 ticket taken, 6 merge of the splits started,
 # 9 its loads merged, 10 its groups reduced, 7 merge done (the last block of a unit).
@@ -80,7 +80,7 @@ def patched(source: Path) -> str:
 
 def build(source: Path, folder: Path) -> ctypes.CDLL:
     """The patched kernel, built as the evaluator builds a candidate (same flags, object check)."""
-    from optagent.backends.cuda import CudaBackend
+    from optagent.worker.backends.cuda import CudaBackend
 
     cu = folder / "trace.cu"
     cu.write_text(patched(source), encoding="utf-8")

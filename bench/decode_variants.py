@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-STRATEGIES = ROOT / "agent" / "strategies" / "paged_decode"
+STRATEGIES = ROOT / "agent" / "search" / "strategies" / "paged_decode"
 DEFAULT = [
     "splitkv.cu:splitkv=",
     "splitkv_bulk.cu:bulk=",
@@ -32,7 +32,7 @@ MATH_LOOP = "stream_tokens<LANES, GT, U>(n, sub,"  # the bulk path's token loop
 
 
 def variant(spec: str, out_dir: Path) -> Path:
-    from optagent.knobs import set_knobs
+    from optagent.search.knobs import set_knobs
 
     file, rest = spec.split(":", 1)
     name, _, knobs = rest.partition("=")
@@ -52,7 +52,7 @@ def main() -> None:
     out_dir = Path(sys.argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
     specs = sys.argv[2:] or DEFAULT
-    from optagent.backends.cuda import build_all
+    from optagent.worker.backends.cuda import build_all
 
     paths = [variant(s, out_dir) for s in specs]
     errors = build_all(paths)  # into the evaluator's build cache: decode_table's builds are hits

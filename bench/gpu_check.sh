@@ -26,7 +26,7 @@ fi
 mkdir -p /tmp/site && ln -sfn "$PWD/agent" /tmp/site/optagent
 untar_tl() { [ -f .tl/tl.tar.xz ] && [ ! -d /tmp/site/tilelang ] && tar xJf .tl/tl.tar.xz -C /tmp/site; true; }
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-oa() { python3 -m optagent.cli "$@"; }
+oa() { python3 -m optagent.cli.main "$@"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 SEED=.seed/flashattn_task_package
@@ -35,7 +35,7 @@ MORE="ragged_prefill fused_moe mla_decode"
 
 ev() {  # ev NAME TASK KERNEL [args...]
   local name=$1 task=$2 kernel=$3; shift 3
-  /usr/bin/time -f "%e" -o "$OUT/$name.time" python3 -m optagent.cli eval "$task" "$kernel" --json-out "$OUT/$name.json" "$@" \
+  /usr/bin/time -f "%e" -o "$OUT/$name.time" python3 -m optagent.cli.main eval "$task" "$kernel" --json-out "$OUT/$name.json" "$@" \
     > "$OUT/$name.log" 2>&1
   echo "$name: exit $? in $(cat "$OUT/$name.time") s"
 }
@@ -43,10 +43,10 @@ export -f ev; export OUT
 
 tilelang_run() {  # issue 8: an offline --language tilelang run on the seed package, and its leaderboard
   local start; start=$(date +%s)
-  OPTAGENT_RUNS_DIR="$OUT/runs-tilelang" timeout $(( ${TL_LIMIT:-150} + 90 )) python3 -m optagent.cli run "$SEED" \
+  OPTAGENT_RUNS_DIR="$OUT/runs-tilelang" timeout $(( ${TL_LIMIT:-150} + 90 )) python3 -m optagent.cli.main run "$SEED" \
     --language tilelang --time-limit "${TL_LIMIT:-150}" --patience 3 > "$OUT/tilelang-run.log" 2>&1
   echo "tilelang run: exit $? in $(( $(date +%s) - start )) s"
-  OPTAGENT_RUNS_DIR="$OUT/runs-tilelang" python3 -m optagent.cli leaderboard --diff > "$OUT/tilelang-leaderboard.log" 2>&1
+  OPTAGENT_RUNS_DIR="$OUT/runs-tilelang" python3 -m optagent.cli.main leaderboard --diff > "$OUT/tilelang-leaderboard.log" 2>&1
   head -12 "$OUT/tilelang-leaderboard.log"
 }
 
@@ -73,7 +73,7 @@ decode_run() {  # issue 5: the offline run on the decode task
 decode_tables() {  # issue 5: floor probe, then strategies (and this lane's best kernels) under both L2 flushes
   timeout 100 python3 bench/floor_probe.py >> "$OUT/decode_table.txt" 2>&1
   for how in zero read; do
-    FLUSH=$how timeout 150 python3 bench/decode_table.py agent/strategies/paged_decode/splitkv{_fused.py,.cu,_bulk.cu} \
+    FLUSH=$how timeout 150 python3 bench/decode_table.py agent/search/strategies/paged_decode/splitkv{_fused.py,.cu,_bulk.cu} \
       $(ls "$OPTAGENT_RUNS_DIR"/*/best/kernel.* 2>/dev/null) >> "$OUT/decode_table.txt" 2>&1
   done
 }
@@ -97,7 +97,7 @@ variants() {  # issue 5: knob variants of the CUDA decode strategies side by sid
 
 pkg_run() {  # pkg_run NAME SECONDS: issue 6, an offline run on tasks/NAME_task_package; starter and best per case
   local m=$1 start; start=$(date +%s)
-  OPTAGENT_RUNS_DIR="$OUT/runs-$m" timeout $(( $2 + 300 )) python3 -m optagent.cli run "tasks/${m}_task_package" \
+  OPTAGENT_RUNS_DIR="$OUT/runs-$m" timeout $(( $2 + 300 )) python3 -m optagent.cli.main run "tasks/${m}_task_package" \
     --language triton --time-limit "$2" --patience 4 > "$OUT/run-$m.log" 2>&1
   echo "$m run: exit $? in $(( $(date +%s) - start )) s"
   for d in "$OUT/runs-$m"/*/; do
@@ -136,7 +136,7 @@ trace() {  # trace [FILE.cu] [BS/SEQLEN ...]: where a bulk-kernel launch spends 
 }
 
 facts() {  # the ceilings every floor is measured against
-  python3 -c "from optagent.bench import measured_bandwidth_gbs as b, measured_matmul_tflops as m
+  python3 -c "from optagent.worker.bench import measured_bandwidth_gbs as b, measured_matmul_tflops as m
 print(f'copy bandwidth {b():.0f} GB/s, bf16 matmul {m():.0f} TFLOP/s')"
 }
 
@@ -149,7 +149,7 @@ host_noise() {  # issue 2: host speed between fresh processes
 
 lanes() {  # LANE0 and LANE1: steps run one after another on GPU 0 and GPU 1 (a step: function[:arg[:arg]])
   # whatever still runs at DEADLINE seconds is stopped, so that the logs always come back
-  (sleep "${DEADLINE:-540}"; pkill -f "optagent.cli|decode_table|floor_probe|host_noise|pytest") > /dev/null 2>&1 &
+  (sleep "${DEADLINE:-540}"; pkill -f "optagent.cli.main|decode_table|floor_probe|host_noise|pytest") > /dev/null 2>&1 &
   local watchdog=$! lane0
   (export CUDA_VISIBLE_DEVICES=0; for s in ${LANE0:-}; do IFS=: read -ra a <<< "$s"; "${a[@]}"; done) \
     > "$OUT/lane0.log" 2>&1 &

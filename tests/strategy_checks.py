@@ -10,12 +10,12 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-from optagent.checks import static_verdict
-from optagent.knobs import find_knobs, set_knobs
-from optagent.planners.offline import run_kernel_params
+from optagent.evaluation.checks import static_verdict
+from optagent.search.knobs import find_knobs, set_knobs
+from optagent.search.planners.offline import run_kernel_params
 from optagent.schema import EvalResult, Language, Status
 
-STRATEGY_ROOT = Path(__file__).resolve().parents[1] / "agent" / "strategies"
+STRATEGY_ROOT = Path(__file__).resolve().parents[1] / "agent" / "search" / "strategies"
 
 
 def family(name: str) -> tuple[Path, dict, list[dict]]:
@@ -61,7 +61,7 @@ def start_evaluations(pool, task, folder: Path, strategies: list[dict],
     """{strategy name: [(label, case kinds expected, future EvalResult)]}: each strategy at its
     defaults on the smoke and hidden cases, and each (label, knob setting, with hidden cases)
     variant, submitted to pool so that they run side by side."""
-    from optagent.evaluator import SandboxEvaluator, select_cases
+    from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
     from optagent.schema import CaseKind
 
     every = select_cases(task, "cpu", 0, None)

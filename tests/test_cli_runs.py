@@ -22,7 +22,7 @@ def optagent(*args: str, runs: Path, timeout: float = 600, env_extra: dict | Non
     env = {**os.environ, "OPTAGENT_RUNS_DIR": str(runs), **(env_extra or {})}
     env.pop("OPTAGENT_BASE_URL", None)
     env.pop("OPTAGENT_MODEL", None)
-    return subprocess.run([sys.executable, "-m", "optagent.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "optagent.cli.main", *args], capture_output=True, text=True,
                           timeout=timeout, env=env)
 
 
@@ -103,7 +103,7 @@ def test_offline_run_proposes_knob_or_strategy_changes(tmp_path, task_dir):
 def test_sigkill_then_resume_loses_and_repeats_nothing(tmp_path, task_dir):
     scratch = tmp_path / "scratch"
     env = {**os.environ, "OPTAGENT_RUNS_DIR": str(tmp_path), "OPTAGENT_SCRATCH": str(scratch)}
-    cmd = [sys.executable, "-m", "optagent.cli", "run", str(task_dir), "--planner", "replay", "--replay", str(REPLAY),
+    cmd = [sys.executable, "-m", "optagent.cli.main", "run", str(task_dir), "--planner", "replay", "--replay", str(REPLAY),
            "--no-hidden"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 300
@@ -130,7 +130,7 @@ def test_sigkill_then_resume_loses_and_repeats_nothing(tmp_path, task_dir):
     assert f"status INTERRUPTED (resumable: optagent resume {run.name})" in shown.stdout
     (left,) = scratch.glob("eval-*")  # the killed evaluation's scratch directory, still there
 
-    locked = subprocess.Popen([sys.executable, "-m", "optagent.cli", "resume", str(run)], env=env,  # by its path
+    locked = subprocess.Popen([sys.executable, "-m", "optagent.cli.main", "resume", str(run)], env=env,  # by its path
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(3)
     second = optagent("resume", run.name, runs=tmp_path)
@@ -167,7 +167,7 @@ def test_resume_refuses_a_changed_task_unless_forced(tmp_path, task_dir):
 
 def test_ctrl_c_stops_cleanly_and_leaves_the_run_resumable(tmp_path, task_dir):
     env = {**os.environ, "OPTAGENT_RUNS_DIR": str(tmp_path)}
-    cmd = [sys.executable, "-m", "optagent.cli", "run", str(task_dir), "--planner", "replay", "--replay", str(REPLAY),
+    cmd = [sys.executable, "-m", "optagent.cli.main", "run", str(task_dir), "--planner", "replay", "--replay", str(REPLAY),
            "--no-hidden"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import triton
 
-from optagent.evaluator import SandboxEvaluator, select_cases
-from optagent.interpreter_faults import source_uses_fp8
+from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
+from optagent.worker.interpreter_faults import source_uses_fp8
 from optagent.schema import Language, Status
 from optagent.task import load_task
 
@@ -211,7 +211,7 @@ def test_source_fp8_names():
 @FAULTY_TRITON
 def test_interpreter_probe_finds_the_fault_in_the_pinned_triton():
     # what the judge runs, in a process of its own: TRITON_INTERPRET is read at import
-    code = "from optagent.interpreter_faults import fp8_fault; print(fp8_fault())"
+    code = "from optagent.worker.interpreter_faults import fp8_fault; print(fp8_fault())"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "TRITON_INTERPRET": "1"})
     assert done.returncode == 0, done.stderr[-2000:]

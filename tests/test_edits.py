@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from optagent.edits import EditError, apply_edits, kernel_from_reply
-from optagent.replies import Edit, NoKernelError, extract_idea, parse_edits, parse_reply
+from optagent.llm.edits import EditError, apply_edits, kernel_from_reply
+from optagent.llm.replies import Edit, NoKernelError, extract_idea, parse_edits, parse_reply
 
 SOURCE = """import triton
 import triton.language as tl

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from optagent.evaluator import SandboxEvaluator, parse_case_list, select_cases
+from optagent.evaluation.evaluator import SandboxEvaluator, parse_case_list, select_cases
 from optagent.schema import CaseKind, EvalResult, Language, Status
 from optagent.task import load_task
 
@@ -158,7 +158,7 @@ def test_cli_eval_json_and_exit_codes(tmp_path, task_dir, starter):
     good = tmp_path / "good.py"
     good.write_text(starter)
     out = tmp_path / "r.json"
-    cmd = [sys.executable, "-m", "optagent.cli", "eval", str(task_dir), str(good), "--device", "cpu", "--no-hidden",
+    cmd = [sys.executable, "-m", "optagent.cli.main", "eval", str(task_dir), str(good), "--device", "cpu", "--no-hidden",
            "--json-out", str(out), "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from optagent import host_speed
-from optagent.bench import Timer
+from optagent.worker import host_speed
+from optagent.worker.bench import Timer
 
 
 def test_calls_made_while_the_host_ran_slow_are_left_out():

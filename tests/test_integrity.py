@@ -29,10 +29,10 @@ from pathlib import Path
 
 import pytest
 
-import optagent.evaluator as evaluator_module
-from optagent.checks import redact, static_verdict
-from optagent.evaluator import SandboxEvaluator, select_cases
-from optagent.object_scan import scan_cuda_object
+import optagent.evaluation.evaluator as evaluator_module
+from optagent.evaluation.checks import redact, static_verdict
+from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
+from optagent.worker.object_scan import scan_cuda_object
 from optagent.schema import EvalResult, Language, Status
 from optagent.task import load_task
 
@@ -142,14 +142,14 @@ def test_object_scan_refuses_what_the_source_scan_misses(task, cases, name):
     ("_ZNSt6thread15_M_start_threadESt10unique_ptrINS_6_StateESt14default_deleteIS1_EEPFvvE", False),
     ("_ZNSt14basic_ifstreamIcSt11char_traitsIcEEC1EPKcSt13_Ios_Openmode", False)])
 def test_object_scan_allowlist(name, ok):
-    from optagent.object_scan import allowed
+    from optagent.worker.object_scan import allowed
 
     assert allowed(name) is ok
 
 
 @NEEDS_BINUTILS
 def test_object_scan_accepts_every_cuda_starter_and_strategy(tmp_path):
-    honest = [p for pattern in ("tasks/*/starter/*.cu", "agent/strategies/*/*.cu") for p in ROOT.glob(pattern)]
+    honest = [p for pattern in ("tasks/*/starter/*.cu", "agent/search/strategies/*/*.cu") for p in ROOT.glob(pattern)]
     assert len(honest) >= 6
     for p in honest:
         obj = tmp_path / f"{p.parent.name}-{p.stem}.o"
@@ -160,7 +160,7 @@ def test_object_scan_accepts_every_cuda_starter_and_strategy(tmp_path):
 
 @NEEDS_BINUTILS
 def test_build_all_builds_side_by_side_and_names_each_failure(tmp_path, monkeypatch):
-    from optagent.backends.cuda import build_all, cache_dir
+    from optagent.worker.backends.cuda import build_all, cache_dir
 
     monkeypatch.setenv("OPTAGENT_CACHE", str(tmp_path / "cache"))
     srcs = {}
@@ -178,7 +178,7 @@ def test_build_all_builds_side_by_side_and_names_each_failure(tmp_path, monkeypa
 
 
 def test_scan_accepts_every_starter_and_strategy():
-    honest = [p for pattern in ("tasks/*/starter/*", "agent/strategies/**/*") for p in ROOT.glob(pattern)
+    honest = [p for pattern in ("tasks/*/starter/*", "agent/search/strategies/**/*") for p in ROOT.glob(pattern)
               if p.suffix in (".py", ".cu") and p.name != "__init__.py"]
     assert any("flashattn_task_package" in str(p) for p in honest)
     for p in honest:
@@ -225,7 +225,7 @@ def test_hang_times_out(task, cases):
 def test_honest_kernels_still_pass_under_the_guard(task, cases):
     """The scan and the audit guard leave the starter and the strategies alone (grouped-query case)."""
     honest = [ROOT / "tasks/flashattn_task_package/starter/decode_triton.py"]
-    honest += sorted((ROOT / "agent/strategies/paged_decode").glob("*.py"))
+    honest += sorted((ROOT / "agent/search/strategies/paged_decode").glob("*.py"))
     for path in honest:
         result = SandboxEvaluator(task, "cpu", [cases["smoke-2"]], timeout_s=180).evaluate(
             path.read_text(), Language.TRITON)
@@ -282,7 +282,7 @@ def test_api_keys_never_reach_the_result(task, cases, monkeypatch):
 def test_parent_environment_is_out_of_reach(tmp_path):
     """read_parent_env with the scan bypassed, from an orchestrator whose own environment holds a key."""
     script = textwrap.dedent(f"""
-        import optagent.evaluator as E
+        import optagent.evaluation.evaluator as E
         from optagent.task import load_task
         from optagent.schema import Language
         task = load_task({str(ROOT / 'tasks/flashattn_task_package')!r})
@@ -303,7 +303,7 @@ def test_parent_environment_is_out_of_reach(tmp_path):
 
 GUARD_SCRIPT = """
 import json, os, sys
-from optagent.guard import lock_imports
+from optagent.worker.guard import lock_imports
 found = []
 guard = lock_imports(report=found.append)
 code = open("candidate_probe.py").read()
@@ -351,7 +351,7 @@ def test_audit_guard_refuses_candidate_actions_and_reports_them(tmp_path):
 
 LIBRARY_SPAWN_SCRIPT = """
 import json, subprocess, sys
-from optagent.guard import lock_imports
+from optagent.worker.guard import lock_imports
 found = []
 lock_imports(report=found.append)
 results = {}
@@ -389,7 +389,7 @@ import importlib.util, json, os, sys
 os.environ["TRITON_INTERPRET"] = "1"
 sys.path.insert(0, sys.argv[1])
 import optagent_hooks as H
-from optagent.guard import watch_host_compute
+from optagent.worker.guard import watch_host_compute
 found = {}
 for path in sys.argv[2:]:
     spec = importlib.util.spec_from_file_location("optagent_candidate_w", path)
@@ -405,7 +405,7 @@ print(json.dumps(found))
 
 def test_watch_host_compute_tells_pytorch_from_a_kernel():
     honest = [ROOT / "tasks/flashattn_task_package/starter/decode_triton.py"]
-    honest += sorted((ROOT / "agent/strategies/paged_decode").glob("*.py"))
+    honest += sorted((ROOT / "agent/search/strategies/paged_decode").glob("*.py"))
     cheats = [ATTACKS / f"{n}.py" for n in ("torch_decoy", "torch_decoy_elementwise", "calls_sdpa", "torch_only")]
     out = subprocess.run([sys.executable, "-c", WATCH_SCRIPT, str(ROOT / "tasks/flashattn_task_package"),
                           *map(str, honest + cheats)], capture_output=True, text=True, timeout=300)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from optagent.checks import python_syntax_error
-from optagent.cli import main
+from optagent.evaluation.checks import python_syntax_error
+from optagent.cli.main import main
 
 # Cut off before its @triton.jit: the static scan alone would call it a file with no kernel.
 TRUNCATED = '''import torch
@@ -65,7 +65,7 @@ def test_syntax_error_lines():
 
 
 def test_a_byte_order_mark_is_text(kernel):
-    from optagent.cli import _read_kernel
+    from optagent.cli.main import _read_kernel
     from optagent.schema import Language
 
     source, language = _read_kernel(kernel("bom.py", "\ufeffimport triton\nx = 1\n".encode()), None)

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from optagent.cli import main
-from optagent.leaderboard import CPU_TITLE, gather
-from optagent.report_board import render_leaderboard
+from optagent.cli.main import main
+from optagent.report.leaderboard import CPU_TITLE, gather
+from optagent.report.board_page import render_leaderboard
 from optagent.schema import (CaseKind, CaseResult, EvalResult, Language, RunConfig, RunState, RunStatus, Status,
                              Timing)
-from optagent.store import RunStore
+from optagent.search.store import RunStore
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "run_sample"
 GPU_RUN = "20260721-093012-flashattn_decode-3f9a2c"

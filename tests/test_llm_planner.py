@@ -11,10 +11,10 @@ import openai
 import pytest
 
 from fake_openai import FakeOpenAI, completion
-from optagent.llm import LLMError, OpenAICompatLLM, llm_settings_from_env
-from optagent.planners.llm import LLMPlanner, build_messages
-from optagent.planners.replay import ReplayPlanner
-from optagent.prompts import render
+from optagent.llm.client import LLMError, OpenAICompatLLM, llm_settings_from_env
+from optagent.search.planners.llm import LLMPlanner, build_messages
+from optagent.search.planners.replay import ReplayPlanner
+from optagent.llm.prompts import render
 from optagent.protocols import LLM, Attempt, GpuFacts, Planner, PlannerContext, PlannerExhausted
 from optagent.schema import CaseKind, CaseResult, EvalResult, Language, Status
 

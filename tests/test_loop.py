@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from optagent.knobs import find_knobs, set_knobs
-from optagent.loop import Limits, Loop
-from optagent.planners.offline import OfflinePlanner, run_kernel_params
+from optagent.search.knobs import find_knobs, set_knobs
+from optagent.search.loop import Limits, Loop
+from optagent.search.planners.offline import OfflinePlanner, run_kernel_params
 from optagent.protocols import PlannerContext, PlannerExhausted
 from optagent.schema import (CaseKind, CaseResult, EvalResult, Language, Proposal, RunConfig, RunState, RunStatus,
                              Status, StepOutcome, Timing, Usage)
-from optagent.store import RunStore, new_run_id
+from optagent.search.store import RunStore, new_run_id
 from optagent.task import load_task
 
 

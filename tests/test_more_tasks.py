@@ -147,7 +147,7 @@ class Jobs:
 def jobs(tmp_path_factory):
     base = tmp_path_factory.mktemp("more_tasks")
     env = dict(os.environ, OPTAGENT_SCRATCH=str(base / "scratch"), OPTAGENT_CACHE=str(base / "cache"))
-    optagent = [sys.executable, "-m", "optagent.cli"]
+    optagent = [sys.executable, "-m", "optagent.cli.main"]
     j = Jobs(env)
     for name, (folder, triton_file, cuda_file) in PACKAGES.items():
         pkg = str(TASKS / folder)
@@ -682,14 +682,14 @@ def test_gpu_compute_bound_case_is_measured_against_its_compute_floor():
     """Prefill of a 16k-token causal prompt is bound by its flops, not its bytes: the judge
     reports both floors and % of floor uses the larger; the measured matmul rate is that of
     a Hopper-class GPU's bf16 GEMM, not a datasheet figure."""
-    from optagent.bench import measured_matmul_tflops
-    from optagent.evaluator import SandboxEvaluator, choose_cases
+    from optagent.worker.bench import measured_matmul_tflops
+    from optagent.evaluation.evaluator import SandboxEvaluator, choose_cases
     from optagent.schema import Language, Status
     from optagent.task import load_task
 
     assert 50 < measured_matmul_tflops() < 2500
     task = load_task(pkg_dir("ragged_prefill"))
-    source = (REPO / "agent" / "strategies" / "ragged_prefill" / "flash_prefill.py").read_text()
+    source = (REPO / "agent" / "search" / "strategies" / "ragged_prefill" / "flash_prefill.py").read_text()
     result = SandboxEvaluator(task, "cuda", choose_cases(task, "cuda", "2", hidden=False),
                               timeout_s=600).evaluate(source, Language.TRITON)
     (case,) = result.cases

@@ -52,8 +52,8 @@ def test_wheel_holds_every_module_template_and_data_file(wheel):
     names = {n for n in zipfile.ZipFile(wheel).namelist() if not n.startswith("optagent-")}
     expected = _shipped(ROOT / "agent", "optagent/") | _shipped(ROOT / "prompts", "optagent/prompt_templates/")
     assert expected - names == set(), "missing from the wheel"
-    assert {"optagent/prompt_templates/system.j2", "optagent/templates/run_report.html.j2",
-            "optagent/strategies/paged_decode/splitkv.cu", "optagent/compat/flash_attn/__init__.py"} <= names
+    assert {"optagent/prompt_templates/system.j2", "optagent/report/templates/run_report.html.j2",
+            "optagent/search/strategies/paged_decode/splitkv.cu", "optagent/worker/compat/flash_attn/__init__.py"} <= names
 
 
 @pytest.mark.slow
@@ -63,9 +63,11 @@ def test_installed_wheel_renders_prompts_and_finds_its_data_outside_the_checkout
     script = f"""
 import optagent
 from pathlib import Path
-from optagent import prompts, report, harness
-from optagent.planners.llm import build_messages
-from optagent.planners.offline import STRATEGY_ROOT, load_strategies
+from optagent.llm import prompts
+from optagent.report import run_page as report
+from optagent.worker import harness
+from optagent.search.planners.llm import build_messages
+from optagent.search.planners.offline import STRATEGY_ROOT, load_strategies
 from optagent.protocols import PlannerContext
 from optagent.schema import Language
 

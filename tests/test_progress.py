@@ -13,12 +13,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from optagent.evaluator import SandboxEvaluator, select_cases
-from optagent.live import LiveProgress
-from optagent.loop import Limits, Loop
+from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
+from optagent.cli.live import LiveProgress
+from optagent.search.loop import Limits, Loop
 from optagent.progress import Phase, Progress, Subject
 from optagent.schema import Language, RunConfig, Status
-from optagent.store import RunStore, new_run_id
+from optagent.search.store import RunStore, new_run_id
 from optagent.task import load_task
 
 from test_loop import ScriptedEvaluator, ScriptedPlanner  # noqa: E402  (tests/ is on sys.path under pytest)
@@ -148,7 +148,7 @@ def test_run_json_stdout_is_one_document_and_progress_and_reasons_go_to_stderr(t
     replay.write_text(json.dumps({"reply": reply}) + "\n")
     env = {**os.environ, "OPTAGENT_RUNS_DIR": str(tmp_path / "runs")}
     env.pop("OPTAGENT_BASE_URL", None)
-    proc = subprocess.run([sys.executable, "-m", "optagent.cli", "run", str(task_dir), "--planner", "replay",
+    proc = subprocess.run([sys.executable, "-m", "optagent.cli.main", "run", str(task_dir), "--planner", "replay",
                            "--replay", str(replay), "--no-hidden", "--json"],
                           capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -169,7 +169,7 @@ def test_run_json_stdout_is_one_document_and_progress_and_reasons_go_to_stderr(t
 
 
 def test_json_is_the_only_thing_on_stdout(task_dir, capsys):
-    from optagent.cli import main
+    from optagent.cli.main import main
 
     fixtures = Path(__file__).resolve().parent / "fixtures" / "run_sample"
     for args in (["runs"], ["show", "3f9a2c"], ["show", "3f9a2c", "--step", "1"], ["leaderboard"]):
@@ -177,7 +177,7 @@ def test_json_is_the_only_thing_on_stdout(task_dir, capsys):
         said = capsys.readouterr()
         json.loads(said.out)
         assert "┃" not in said.out  # no table on stdout
-    proc = subprocess.run([sys.executable, "-m", "optagent.cli", "task", "validate", str(task_dir), "--json"],
+    proc = subprocess.run([sys.executable, "-m", "optagent.cli.main", "task", "validate", str(task_dir), "--json"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)

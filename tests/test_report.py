@@ -18,12 +18,13 @@ from pathlib import Path
 import pytest
 from markupsafe import escape
 
-from optagent import report_code, svg
-from optagent.leaderboard import gather
-from optagent.report import add_report_commands, render_run_report
-from optagent.report_board import render_leaderboard, write_leaderboard_html
-from optagent.report_charts import case_chart, step_category
-from optagent.svg import linear_ticks, log_ticks, marker_path
+from optagent.report import code as report_code
+from optagent.report import svg
+from optagent.report.leaderboard import gather
+from optagent.report.run_page import add_report_commands, render_run_report
+from optagent.report.board_page import render_leaderboard, write_leaderboard_html
+from optagent.report.charts import case_chart, step_category
+from optagent.report.svg import linear_ticks, log_ticks, marker_path
 from optagent.schema import (
     CaseKind,
     CaseResult,
@@ -39,7 +40,7 @@ from optagent.schema import (
     Timing,
     Usage,
 )
-from optagent.store import RunError, RunStore
+from optagent.search.store import RunError, RunStore
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "run_sample"
 RUN_ID = "20260721-093012-flashattn_decode-3f9a2c"

@@ -1,6 +1,6 @@
 """Run files that survive damage: one-line errors naming the file, listings that go on past a damaged run,
 killed runs shown as resumable, runs found by id, prefix or path, ids never cut. Driven through the real CLI
-(``optagent.cli.main``); a real run killed with SIGKILL is in test_cli_runs."""
+(``optagent.cli.main.main``); a real run killed with SIGKILL is in test_cli_runs."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from optagent.cli import main
+from optagent.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "tests" / "fixtures" / "run_sample" / "20260721-093012-flashattn_decode-3f9a2c"
@@ -223,7 +223,7 @@ def test_runs_never_cuts_an_id_in_a_narrow_terminal(tmp_path, capsys, monkeypatc
 
 def hold_lock(run: Path) -> subprocess.Popen:
     """A stand-in for a driving process: holds the run's lock until killed."""
-    code = ("import sys, time; from pathlib import Path; from optagent.store import RunStore; "
+    code = ("import sys, time; from pathlib import Path; from optagent.search.store import RunStore; "
             "s = RunStore(Path(sys.argv[1])); s.lock(); print('locked', flush=True); time.sleep(600)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(run)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "locked"
@@ -258,10 +258,10 @@ def test_a_running_run_whose_driver_was_killed_is_interrupted_and_resumable(tmp_
 
 
 def test_a_reader_probing_the_lock_never_makes_a_driver_fail(tmp_path):
-    from optagent.store import RunStore
+    from optagent.search.store import RunStore
 
     (run,) = make_runs(tmp_path, IDS[:1])
-    code = ("import sys; from pathlib import Path; from optagent.store import RunStore; s = RunStore(Path(sys.argv[1]))\n"
+    code = ("import sys; from pathlib import Path; from optagent.search.store import RunStore; s = RunStore(Path(sys.argv[1]))\n"
             "for _ in range(3000): s.driven()")
     (run / "lock").touch()
     reader = subprocess.Popen([sys.executable, "-c", code, str(run)])

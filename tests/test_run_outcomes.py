@@ -20,7 +20,7 @@ from typing import Iterator
 import pytest
 
 from fake_openai import FakeOpenAI
-from optagent.llm import LLMUnreachable, OpenAICompatLLM
+from optagent.llm.client import LLMUnreachable, OpenAICompatLLM
 from optagent.schema import RunState, RunStatus
 
 CONFIG = Path("xpuoj_problem") / "testcase_config.py"
@@ -32,7 +32,7 @@ LLM_ENV = ("OPTAGENT_BASE_URL", "OPTAGENT_MODEL", "OPTAGENT_API_KEY", "OPENAI_AP
 def optagent(*args: str, runs: Path, env_extra: dict | None = None, timeout: float = 600):
     env = {k: v for k, v in os.environ.items() if k not in LLM_ENV}
     env.update({"OPTAGENT_RUNS_DIR": str(runs), **(env_extra or {})})
-    return subprocess.run([sys.executable, "-m", "optagent.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "optagent.cli.main", *args], capture_output=True, text=True,
                           timeout=timeout, env=env)
 
 
@@ -102,7 +102,7 @@ def test_a_starter_that_does_not_compile_fails_the_run_unless_a_candidate_fixes_
 @pytest.fixture(scope="module")
 def probed_cache(tmp_path_factory, task_dir) -> Path:
     """A probe cache that already holds the good package's probe, as after an earlier run."""
-    from optagent.evaluator import probe_task
+    from optagent.evaluation.evaluator import probe_task
     from optagent.task import load_task
 
     cache = tmp_path_factory.mktemp("cache")

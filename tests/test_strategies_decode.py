@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from optagent.knobs import find_knobs, set_knobs
+from optagent.search.knobs import find_knobs, set_knobs
 from optagent.schema import Language
 
 from strategy_checks import check_manifest, check_scan_and_knobs, family
@@ -118,7 +118,7 @@ def load(path):
     if path.endswith(".cu"):
         import tempfile
         from pathlib import Path
-        from optagent.backends.cuda import CudaBackend
+        from optagent.worker.backends.cuda import CudaBackend
         backend = CudaBackend("cuda", None, 300)
         backend.prepare(Path(path), Path(tempfile.mkdtemp(prefix="decode_cu_")))
         return backend.load_fresh(os.path.basename(path)[:-3])
@@ -288,7 +288,7 @@ def test_cuda_strategy_is_correct_on_the_gpu_at_every_knob_extreme(strategy, tmp
         pytest.skip("no CUDA GPU")
     source = (FAMILY / strategy["file"]).read_text(encoding="utf-8")
     jobs, labels = _variant_jobs(source, tmp_path, Path(strategy["file"]), tuple(GPU_CASES))
-    from optagent.backends.cuda import build_all
+    from optagent.worker.backends.cuda import build_all
 
     failed = build_all([Path(p) for p in labels])  # all variants at once, into the backend's cache
     assert not failed, "\n".join(f"{labels[str(p)]}: {e}" for p, e in failed.items())
@@ -324,7 +324,7 @@ def test_bench_trace_patches_and_builds_the_bulk_kernel(tmp_path, monkeypatch):
     """bench/decode_trace.py patches timestamps in at anchors of the bulk kernel and builds it
     as the evaluator does (object check included): an anchor an edit of the kernel moved, or
     a trace the check refuses, would otherwise cost a device call to find out."""
-    from optagent.backends.cuda import build_all
+    from optagent.worker.backends.cuda import build_all
 
     monkeypatch.setenv("OPTAGENT_CACHE", str(tmp_path / "cache"))
     spec = importlib.util.spec_from_file_location("decode_trace", ROOT / "bench" / "decode_trace.py")
@@ -343,7 +343,7 @@ def test_bench_trace_patches_and_builds_the_bulk_kernel(tmp_path, monkeypatch):
 
 
 def test_a_strategy_not_yet_gpu_checked_stays_out_of_runs():
-    from optagent.planners.offline import load_strategies
+    from optagent.search.planners.offline import load_strategies
 
     listed = {s["name"] for s in CUDA}
     unchecked = {s["name"] for s in CUDA if s.get("gpu_checked") is False}

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from optagent.evaluator import SandboxEvaluator, select_cases
-from optagent.jobs import TimingSpec
-from optagent.knobs import find_knobs, set_knobs
-from optagent.planners.offline import run_kernel_params
+from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
+from optagent.messages import TimingSpec
+from optagent.search.knobs import find_knobs, set_knobs
+from optagent.search.planners.offline import run_kernel_params
 from optagent.schema import CaseKind, Language
 from optagent.task import load_task
 

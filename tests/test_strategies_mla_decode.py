@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from optagent.knobs import find_knobs
-from optagent.planners.offline import load_strategies, run_kernel_params
+from optagent.search.knobs import find_knobs
+from optagent.search.planners.offline import load_strategies, run_kernel_params
 from optagent.schema import Language
 from optagent.task import load_task
 

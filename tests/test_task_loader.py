@@ -14,7 +14,7 @@ from optagent.task import TaskError, detect_language, extract_code, load_task
 
 
 def optagent(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "optagent.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "optagent.cli.main", *args], capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -123,7 +123,7 @@ def test_not_a_package(tmp_path):
 
 
 def test_probe_is_cached_for_evaluations_not_for_validation(task_dir, tmp_path, monkeypatch):
-    from optagent.evaluator import probe_task
+    from optagent.evaluation.evaluator import probe_task
 
     monkeypatch.setenv("OPTAGENT_CACHE", str(tmp_path))
     task = load_task(task_dir)

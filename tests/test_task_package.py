@@ -1,4 +1,4 @@
-"""CPU tests of tasks/flashattn_task_package and the flash_attn stand-in (agent/compat).
+"""CPU tests of tasks/flashattn_task_package and the flash_attn stand-in (agent/worker/compat).
 
 * testcase_config.py: the same 12 cases, shapes, seeds and tensors as the contest's
   own package (compared with the seed copy in ../shared when it is there);
@@ -30,7 +30,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "tasks" / "flashattn_task_package"
-COMPAT = REPO / "agent" / "compat"
+COMPAT = REPO / "agent" / "worker" / "compat"
 SEED_CONFIG = (
     Path(__file__).resolve().parents[2]
     / "shared"

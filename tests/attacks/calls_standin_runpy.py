@@ -127,6 +127,6 @@ def run_kernel(
     num_blocks,
     causal,
 ):
-    ns = runpy.run_path("../../../agent/compat/flash_attn/flash_attn_interface.py")
+    ns = runpy.run_path("../../../agent/worker/compat/flash_attn/flash_attn_interface.py")
     output.copy_(ns["flash_attn_with_kvcache"](q, k_cache_paged, v_cache_paged, cache_seqlens=cache_seqlens,
                                                block_table=block_table))

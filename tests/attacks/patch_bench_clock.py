@@ -1,6 +1,6 @@
 """Attack class: timer tricks (patched harness clock).
 Attack: reaches the harness's own timer module through torch.sys.modules and slows the
-clock it captured at import (optagent.bench._perf_counter).
+clock it captured at import (optagent.worker.bench._perf_counter).
 Expected verdict: REJECTED -- "torch.sys" (statically).  With the scan bypassed: REJECTED
 "patched the harness's timers" (bench.patched_timers() watches the captured clocks too), and
 on a GPU its times are also below the physical floor.
@@ -14,7 +14,7 @@ import triton.language as tl
 
 BLOCK_N = 16
 
-_bench = torch.sys.modules.get("optagent.bench")
+_bench = torch.sys.modules.get("optagent.worker.bench")
 if _bench is not None:
     _clock = _bench._perf_counter
     _t0 = _clock()

@@ -157,7 +157,7 @@ def _import_flash_attn_with_kvcache():
 
     Tried in order: an installed ``flash_attn``; a ``flashattn/flash_attn`` source
     checkout in a folder above this file (as the contest lays it out); optagent's
-    PyTorch stand-in under ``agent/compat`` above this file (its package sets
+    PyTorch stand-in under ``agent/worker/compat`` above this file (its package sets
     ``flash_attn.STANDIN = True`` so that results can be labelled).
     """
     try:
@@ -167,7 +167,7 @@ def _import_flash_attn_with_kvcache():
     except ImportError:
         pass
     here = Path(__file__).resolve()
-    roots = [p / "flashattn" for p in here.parents] + [p / "agent" / "compat" for p in here.parents]
+    roots = [p / "flashattn" for p in here.parents] + [p / "agent" / "worker" / "compat" for p in here.parents]
     for root in roots:
         if (root / "flash_attn").is_dir():
             sys.path.insert(0, str(root))

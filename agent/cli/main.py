@@ -1,0 +1,188 @@
+"""``optagent``: the command line. The only place that picks concrete classes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Optional
+
+from rich.table import Table
+
+from optagent import __version__
+from optagent.schema import Language, Status
+from optagent.evaluation.evaluator import CaseListError
+# UserError lives in inputs so that `python -m optagent.cli.main` (cli as __main__) catches the same class
+from optagent.cli.inputs import SECONDS, EnvError, OneLineParser, UserError  # noqa: F401 (re-exported)
+from optagent.search.store import RunError
+from optagent.task import TaskError, TaskPackage, detect_language, extract_code, load_task
+from optagent.cli.views import console, human_console, print_eval, print_json
+
+
+def _device(arg: Optional[str]) -> str:
+    from optagent.evaluation.sandbox import gpu_visible
+
+    if arg:
+        return arg
+    return "cuda" if gpu_visible() else "cpu"
+
+
+def _read_kernel(path: Path, language: Optional[str]) -> tuple[str, Language]:
+    if not path.is_file():
+        raise UserError(f"{path}: no such kernel file")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a kernel source (a binary file: not UTF-8 text)") from None
+    if "\0" in text:
+        raise UserError(f"{path}: not a kernel source (a binary file: it holds NUL bytes)")
+    if path.suffix.lower() == ".md":
+        text = extract_code(text) or text
+    lang = Language(language) if language else detect_language(text)
+    if lang is None:
+        raise UserError(f"{path}: cannot tell the kernel's language (use --language)")
+    return text, lang
+
+
+def cmd_task_validate(a) -> int:
+    from optagent.evaluation.evaluator import probe_task
+
+    task = load_task(a.dir)
+    found = probe_task(task)
+    con = human_console(a)
+    if a.json:
+        print_json({"task": task.name, "dir": str(task.root), "title": task.title,
+                    "languages": [lang.value for lang in task.languages], "cases": len(found["cases"]),
+                    "outputs": found["outputs"], "smoke": len(task.manifest.smoke) if task.manifest else 0,
+                    "hidden": len(task.manifest.hidden) if task.manifest else 0,
+                    "baseline_label": found["baseline_label"]})
+    langs = ", ".join(lang.value for lang in task.languages) or "none"
+    con.print(f"[green]ok[/] {task.root}: {task.title!r}, {len(found['cases'])} cases, languages {langs}, "
+              f"outputs {found['outputs']}, {len(task.manifest.smoke) if task.manifest else 0} smoke / "
+              f"{len(task.manifest.hidden) if task.manifest else 0} hidden cases; baseline: {found['baseline_label']}")
+    return 0
+
+
+def cmd_task_show(a) -> int:
+    from optagent.evaluation.evaluator import probe_task
+
+    task = load_task(a.dir)
+    con = console()
+    con.rule(f"{task.title}  ({task.name})")
+    con.print(task.statement, markup=False)
+    for lang, contract in task.contracts.items():
+        con.rule(f"contract: {lang.value}")
+        con.print(contract, markup=False)
+    found = probe_task(task)
+    t = Table(title="cases", title_justify="left")
+    for col in ("case", "sizes", "warmup", "iters"):
+        t.add_column(col)
+    for row in found["cases"]:
+        t.add_row(str(row["index"]), " ".join("x".join(map(str, s)) for s in row["sizes"]), str(row["warmup"]),
+                  str(row["iters"]))
+    con.print(t)
+    for row in found.get("extra", []):
+        con.print(f"  {row['label']}: {row['sizes']}", markup=False)
+    con.print("starters: " + ", ".join(f"{s.path.name} ({s.language.value})" for s in task.starters))
+    con.print("reference CSVs: " + (", ".join(str(c.relative_to(task.root)) for c in task.csvs) or "none"))
+    con.print(f"baseline: {found['baseline_label']}")
+    return 0
+
+
+def make_evaluator(task: TaskPackage, a, device: str):
+    from optagent.evaluation.evaluator import SandboxEvaluator, choose_cases
+
+    cases = choose_cases(task, device, a.cases, hidden=not getattr(a, "no_hidden", False))
+    compiler = shlex.split(a.compiler) if getattr(a, "compiler", None) else None
+    return SandboxEvaluator(task, device, cases, timeout_s=a.timeout, compiler=compiler,
+                            keep_scratch=getattr(a, "keep_scratch", False))
+
+
+def cmd_eval(a) -> int:
+    task = load_task(a.dir)
+    source, lang = _read_kernel(Path(a.kernel), a.language)
+    device = _device(a.device)
+    evaluator = make_evaluator(task, a, device)
+    from optagent.cli.live import LiveProgress
+
+    live = None if a.quiet else LiveProgress(console(stderr=True))
+    try:
+        result = evaluator.evaluate(source, lang, progress=live)
+    finally:
+        if live is not None:
+            live.close()
+    if a.json_out:
+        out = Path(a.json_out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result.model_dump(mode="json"), indent=2))
+    if a.json:
+        print_json(result.model_dump(mode="json"))
+    print_eval(human_console(a), result)
+    return 0 if result.status is Status.PASSED else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="optagent", description="Make a contest kernel fast, with an LLM in the loop.")
+    p.add_argument("--version", action="version", version=f"optagent {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    task = sub.add_parser("task", help="inspect and validate task packages")
+    tsub = task.add_subparsers(dest="task_command", required=True, metavar="SUBCOMMAND")
+    v = tsub.add_parser("validate", help="exit 0 when a task package is usable, else name what is wrong")
+    v.add_argument("dir")
+    v.add_argument("--quiet", action="store_true")
+    v.add_argument("--json", action="store_true", help="print what was found as JSON on stdout")
+    v.set_defaults(fn=cmd_task_validate)
+    s = tsub.add_parser("show", help="title, statement, contracts, cases, starters, reference CSVs")
+    s.add_argument("dir")
+    s.set_defaults(fn=cmd_task_show)
+
+    e = sub.add_parser("eval", help="compile, check and time one kernel in the sandbox")
+    e.add_argument("dir", help="task package directory")
+    e.add_argument("kernel", help="kernel source file (Triton .py, CUDA .cu, TileLang .py, or Markdown)")
+    add_eval_options(e)
+    e.add_argument("--json", action="store_true", help="print the validated result as JSON on stdout "
+                   "(the table goes to stderr)")
+    e.add_argument("--json-out", metavar="FILE", help="write the validated result as JSON to FILE")
+    e.add_argument("--quiet", action="store_true", help="print nothing but --json; use the exit code")
+    e.add_argument("--keep-scratch", action="store_true", help="keep the sandbox's scratch directory")
+    e.set_defaults(fn=cmd_eval)
+
+    from optagent.cli.runs import add_run_commands
+
+    add_run_commands(sub)
+    from optagent.report.run_page import add_report_commands
+
+    add_report_commands(sub)
+    return p
+
+
+def add_eval_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when a GPU is visible, else cpu")
+    p.add_argument("--cases", help="contest cases to run, e.g. 1,3-5 (default: all on GPU, smoke cases on CPU)")
+    p.add_argument("--timeout", type=SECONDS, default=300.0, help="seconds per candidate process (default 300)")
+    p.add_argument("--language", choices=[x.value for x in Language], help="default: recognised from the source")
+    p.add_argument("--compiler", help="CUDA compiler command template, e.g. "
+                   "'nvcc -O3 -shared -Xcompiler -fPIC {arch} -o {out} {src}' (or OPTAGENT_NVCC)")
+    p.add_argument("--no-hidden", action="store_true", help="skip the manifest's hidden integrity cases")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    err = console(stderr=True)
+    try:
+        return int(a.fn(a) or 0)
+    except (TaskError, UserError, RunError, CaseListError, EnvError) as e:
+        err.print(f"optagent: error: {e}", markup=False, soft_wrap=True)
+        return 2
+    except KeyboardInterrupt:
+        err.print("optagent: interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

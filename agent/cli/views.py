@@ -1,0 +1,106 @@
+"""Terminal output: rich tables, colour off when not a TTY or with NO_COLOR."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+from typing import Optional
+
+from rich.console import Console
+from rich.table import Table
+
+from optagent.schema import EvalResult, Status, Timing
+
+STATUS_STYLE = {Status.PASSED: "green", Status.INCORRECT: "red", Status.COMPILE_ERROR: "red",
+                Status.RUNTIME_ERROR: "red", Status.TIMEOUT: "yellow", Status.REJECTED: "bold red",
+                Status.UNSUPPORTED: "yellow", Status.SKIPPED: "dim"}
+
+
+def console(stderr: bool = False, quiet: bool = False) -> Console:
+    no_color = bool(os.environ.get("NO_COLOR")) or not (sys.stderr if stderr else sys.stdout).isatty()
+    # Piped output is 160 wide unless COLUMNS says otherwise (as a terminal's own width does).
+    piped = not (sys.stderr if stderr else sys.stdout).isatty()
+    return Console(stderr=stderr, no_color=no_color, highlight=False, quiet=quiet, soft_wrap=False,
+                   width=160 if piped and not os.environ.get("COLUMNS", "").isdigit() else None)
+
+
+def human_console(a) -> Console:
+    """A command's human output: stdout, or stderr under --json, where stdout holds only the JSON document."""
+    return console(stderr=bool(getattr(a, "json", False)), quiet=bool(getattr(a, "quiet", False)))
+
+
+def print_json(doc) -> None:
+    """A command's --json document: the one thing it writes on stdout."""
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def keep_ids_whole(t: Table, column: int, con: Console) -> None:
+    """Make a (filled) id column the last to give way: whole where the table still fits the width, else
+    folded onto more lines, never cut (the id is what a user types next)."""
+    c = t.columns[column]
+    c.overflow = "fold"
+    probe = Console(file=io.StringIO(), width=con.width, color_system=None)
+
+    def fits(width: int) -> bool:  # a min_width the other columns cannot make room for overflows the line
+        c.min_width = width
+        with probe.capture() as cap:
+            probe.print(t, crop=False)
+        return max(map(len, cap.get().splitlines()), default=0) <= con.width
+
+    lo, hi = 1, max((len(str(x)) for x in c.cells), default=1)
+    while lo < hi:  # the widest min_width that fits
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    c.min_width = lo
+
+
+def fmt(x: Optional[float], spec: str = ".1f", suffix: str = "") -> str:
+    return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+def ratio(x: Optional[float]) -> str:
+    """A speedup: two decimals, or two significant digits when tiny (CPU-interpreter runs)."""
+    if x is None:
+        return "-"
+    return f"{x:.2f}x" if x >= 0.1 else f"{x:.1e}x"
+
+
+def _slow(t: Optional[Timing]) -> str:
+    return "*" if t is not None and t.host_slow else ""
+
+
+def eval_table(result: EvalResult, title: Optional[str] = None) -> Table:
+    unit = "us" if result.device == "cuda" else "us (CPU interp.)"
+    t = Table(title=title, title_justify="left")
+    for col in ("case", "sizes", "status", "rel_err", f"time {unit}", "gpu us", f"baseline {unit}", "speedup",
+                "% floor", "load ms"):
+        t.add_column(col, justify="left" if col in ("case", "sizes", "status") else "right")
+    for c in result.cases:
+        t.add_row(c.case, c.sizes or "", f"[{STATUS_STYLE[c.status]}]{c.status.value}[/]", fmt(c.rel_err, ".1e"),
+                  fmt(c.time_us) + _slow(c.time), fmt(c.gpu_us), fmt(c.baseline_us) + _slow(c.baseline),
+                  fmt(c.speedup, ".2f", "x"),
+                  fmt(c.pct_of_floor, ".0f", f"% {c.bound[:3]}" if c.bound else "%"), fmt(c.load_ms, ".0f"))
+    return t
+
+
+def print_eval(con: Console, result: EvalResult) -> None:
+    if result.cases:
+        con.print(eval_table(result))
+    style = STATUS_STYLE[result.status]
+    line = f"[{style}]{result.status.value}[/]"
+    if result.reason:
+        line += f": {result.reason}"
+    gm = result.geomean_speedup
+    if gm:
+        line += f"  geomean speedup {gm:.2f}x"
+    if result.baseline_label:
+        line += f"  (baseline: {result.baseline_label})"
+    con.print(line, soft_wrap=True)
+    if any(_slow(c.time) or _slow(c.baseline) for c in result.cases):
+        con.print("* eager time taken while the host ran slower than usual for most calls (see host_speed.py)")
+    if result.status is not Status.PASSED and result.log_tail:
+        con.print("[dim]candidate log tail:[/]")
+        con.print(result.log_tail, markup=False)

@@ -1,0 +1,270 @@
+"""Parent side of a worker process: spawn, isolate, time-limit, collect.
+
+A worker is ``python -m optagent.worker`` in a new session (its own process
+group), with an allowlisted environment (no API keys or tokens), its scratch
+directory as working directory, and a private pipe for its answer. On timeout
+the whole group is killed, and so is anything that slipped out of the group
+but still carries the run's marker in its environment.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import secrets
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from optagent.messages import Job, parse_line, parse_messages
+
+ALLOWED_ENV = {
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SHELL",
+    "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
+    "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX", "CC", "CXX",
+    "TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_PTXAS_PATH", "OPTAGENT_CACHE", "OPTAGENT_NVCC", "XDG_CACHE_HOME",
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "TORCH_CUDA_ARCH_LIST",
+    "TORCHINDUCTOR_CACHE_DIR", "TORCH_HOME", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+    "NVSHMEM_DISABLE_NVLS", "TILELANG_CACHE_DIR", "TILELANG_TMP_DIR", "TILELANG_DEFAULT_TARGET",
+}
+SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.I)
+MARKER = "OPTAGENT_SANDBOX"
+
+
+def child_env(device: str, marker: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k in ALLOWED_ENV and not SECRET.search(k)}
+    env[MARKER] = marker  # not the nonce: the environment is readable by the candidate
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    return env
+
+
+@dataclass
+class WorkerRun:
+    messages: list[dict]
+    foreign_lines: int  # lines on the result pipe that were not the harness's
+    returncode: Optional[int]
+    timed_out: bool
+    wall_s: float
+    stderr_tail: str = ""
+
+    def first(self, kind: str) -> Optional[dict]:
+        return next((m for m in self.messages if m["type"] == kind), None)
+
+    def all(self, kind: str) -> list[dict]:
+        return [m for m in self.messages if m["type"] == kind]
+
+    @property
+    def exit_text(self) -> str:
+        if self.timed_out:
+            return "timed out"
+        rc = self.returncode
+        if rc is not None and rc < 0:
+            try:
+                return f"killed by {signal.Signals(-rc).name}"
+            except ValueError:
+                return f"killed by signal {-rc}"
+        return f"exited with code {rc}"
+
+
+def _kill_marked(marker: str) -> None:
+    """Kill processes that left the group (setsid) but still carry this run's marker."""
+    needle = f"{MARKER}={marker}".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if needle in (proc / "environ").read_bytes():
+                os.kill(int(proc.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
+
+
+def run_worker(job: Job, timeout_s: float, on_message: Optional[Callable[[dict], None]] = None) -> WorkerRun:
+    """Run one worker to its end; on_message sees each of its messages as it arrives (for live
+    progress only: the returned messages are parsed again, from everything the pipe carried)."""
+    scratch = Path(job.scratch)
+    scratch.mkdir(parents=True, exist_ok=True)
+    job_file = scratch / f"job-{job.mode}.json"
+    job_file.write_text(job.model_dump_json())
+    rfd, wfd = os.pipe()
+    marker = secrets.token_hex(16)
+    log_path = scratch / f"{job.mode}.log"
+    start = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "optagent.worker", str(job_file), str(wfd)],
+            pass_fds=(wfd,), start_new_session=True, env=child_env(job.device, marker),
+            cwd=scratch, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+        )
+    os.close(wfd)
+    chunks: list[bytes] = []
+    timed_out = False
+    deadline = start + timeout_s
+    interrupted = False
+    pending = b""
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            ready, _, _ = select.select([rfd], [], [], min(left, 1.0))
+            if ready:
+                data = os.read(rfd, 1 << 16)
+                if not data:
+                    break
+                chunks.append(data)
+                if on_message is not None:
+                    *lines, pending = (pending + data).split(b"\n")
+                    if len(pending) > 1 << 20:  # no harness message is this long: not worth re-copying
+                        pending = b""
+                    for line in lines:
+                        msg = parse_line(line, job.nonce)
+                        if msg is not None:
+                            on_message(msg)
+    except BaseException:  # Ctrl-C or a kill of our own: take the worker down with us
+        interrupted = True
+        raise
+    finally:
+        os.close(rfd)
+        if timed_out or interrupted:
+            _killpg(proc.pid)
+        try:
+            proc.wait(timeout=30 if not timed_out else 5)
+        except subprocess.TimeoutExpired:
+            _killpg(proc.pid)
+            proc.wait()
+        _killpg(proc.pid)  # children the worker left behind in its group
+        _kill_marked(marker)
+    tail = log_path.read_text(errors="replace")[-4000:] if log_path.exists() else ""
+    messages, foreign = parse_messages(b"".join(chunks), job.nonce)
+    return WorkerRun(messages, foreign, proc.returncode, timed_out, time.monotonic() - start, tail)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it if the orchestrator dies (Linux prctl)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# Scratch directories: each eval-* dir holds an flock on its OWNER file for as long as its evaluation lives;
+# the kernel drops it when the process dies (kill -9 too), so the next start can tell a killed evaluation's
+# leftovers from a directory another optagent process is using right now.
+OWNER = ".owner"
+_owned: dict[Path, object] = {}
+_swept: set[Path] = set()
+STALE_NEW_S = 600  # a half-made directory this old belongs to no one
+
+
+def scratch_base(root: Optional[Path] = None) -> Path:
+    return root or Path(os.environ.get("OPTAGENT_SCRATCH", Path.home() / ".cache" / "optagent" / "scratch"))
+
+
+def new_scratch(root: Optional[Path] = None) -> tuple[Path, str]:
+    base = scratch_base(root)
+    if base not in _swept:  # once per process and place: the first evaluation of a start
+        _swept.add(base)
+        sweep_scratch(base)
+    nonce = secrets.token_hex(16)
+    name = f"eval-{time.strftime('%Y%m%d-%H%M%S')}-{nonce[:8]}"
+    # Made under a name the sweep ignores and renamed once locked: never seen unlocked.
+    tmp = base / f".new-{name}"
+    tmp.mkdir(parents=True)
+    fh = open(tmp / OWNER, "w")
+    fcntl.flock(fh, fcntl.LOCK_EX)
+    fh.write(f"{os.getpid()}\n")
+    fh.flush()
+    path = base / name
+    tmp.rename(path)
+    _owned[path] = fh
+    return path, nonce
+
+
+def _release(path: Path) -> None:
+    fh = _owned.pop(path, None)
+    if fh is not None:
+        fh.close()  # closing drops the flock
+
+
+def keep_scratch(path: Path) -> None:
+    """Keep the directory for inspection: no longer owned, and never swept (no OWNER file)."""
+    (path / OWNER).unlink(missing_ok=True)
+    _release(path)
+
+
+def remove_scratch(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    _release(path)
+
+
+def sweep_scratch(base: Path) -> list[Path]:
+    """Remove the scratch directories of evaluations whose process died; a live one's lock is held."""
+    removed: list[Path] = []
+    try:
+        dirs = sorted(p for p in base.iterdir() if p.name.startswith(("eval-", ".new-eval-")))
+    except OSError:
+        return removed
+    for d in dirs:
+        if not (d / OWNER).is_file():
+            # a kept directory (--keep-scratch), or one killed before it was locked: only those are stale
+            try:
+                stale = d.name.startswith(".new-") and time.time() - d.stat().st_mtime > STALE_NEW_S
+            except OSError:
+                stale = False
+            if stale:
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(d)
+            continue
+        try:
+            fh = open(d / OWNER, "r")
+        except OSError:
+            continue
+        with fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # held: another optagent process is evaluating in it
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
+
+
+def gpu_visible() -> bool:
+    """Whether a CUDA GPU is visible, without importing torch in the orchestrator."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
+        return False
+    if Path("/proc/driver/nvidia/gpus").is_dir() and any(Path("/proc/driver/nvidia/gpus").iterdir()):
+        return True
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
+            return out.returncode == 0 and "GPU" in out.stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+    return False

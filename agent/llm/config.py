@@ -1,0 +1,34 @@
+"""Where the LLM endpoint comes from: arguments first, then OPTAGENT_* variables.
+
+Kept apart from ``llm`` so that choosing a planner never imports the openai
+client: offline runs need neither it nor a network.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple, Optional
+
+from optagent.cli.inputs import env_number
+
+
+class LLMSettings(NamedTuple):
+    base_url: str
+    model: str
+    api_key: Optional[str]
+    prices: Optional[dict]
+
+
+def llm_settings_from_env(base_url: Optional[str] = None, model: Optional[str] = None
+                          ) -> Optional[LLMSettings]:
+    """(base_url, model, api_key, prices) from arguments, then OPTAGENT_* variables; None if unset."""
+    base_url = base_url or os.environ.get("OPTAGENT_BASE_URL") or None
+    model = model or os.environ.get("OPTAGENT_MODEL") or None
+    if not base_url or not model:
+        return None
+    api_key = os.environ.get("OPTAGENT_API_KEY") or os.environ.get("OPENAI_API_KEY") or None
+    prompt, completion = env_number("OPTAGENT_PRICE_PROMPT"), env_number("OPTAGENT_PRICE_COMPLETION")
+    prices = None
+    if prompt is not None or completion is not None:
+        prices = {"prompt_per_mtok": prompt or 0.0, "completion_per_mtok": completion or 0.0}
+    return LLMSettings(base_url, model, api_key, prices)

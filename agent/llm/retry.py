@@ -1,0 +1,100 @@
+"""The one retry policy for LLM calls; nothing else in optagent retries a request.
+
+Only transient transport failures are retried: rate limits, timeouts, lost
+connections and 5xx answers. A 4xx (bad request, wrong key) or a malformed
+reply would fail again the same way, so it surfaces at once. Settings are read
+when a call starts, so tests (and users) can shrink the waits through the
+environment without re-importing anything.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+from typing import Any, Callable, Optional, TypeVar
+
+import openai
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+)
+
+from optagent.cli.inputs import env_number
+
+log = logging.getLogger(__name__)
+
+RETRYABLE: tuple[type[BaseException], ...] = (
+    openai.RateLimitError,
+    openai.APITimeoutError,  # a subclass of APIConnectionError, listed for the reader
+    openai.APIConnectionError,
+    openai.InternalServerError,  # any 5xx
+)
+
+DEFAULT_ATTEMPTS = 5
+DEFAULT_BASE_S = 1.0
+MAX_WAIT_FACTOR = 60  # no single wait exceeds 60 base waits (one minute by default)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _retry_after_s(exc: Optional[BaseException]) -> Optional[float]:
+    """The server's Retry-After (seconds form), when a 429/5xx carries one."""
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    if not headers:
+        return None
+    try:
+        return float(headers.get("retry-after", ""))
+    except (TypeError, ValueError):
+        return None
+
+
+class _Wait:
+    """Exponential backoff with jitter, stretched to the server's Retry-After when it asks for more."""
+
+    # Written out rather than tenacity's wait_exponential_jitter, whose arguments changed across versions.
+    def __init__(self, base_s: float) -> None:
+        self.base_s = base_s
+        self.max_s = base_s * MAX_WAIT_FACTOR
+
+    def __call__(self, state: RetryCallState) -> float:
+        exponent = min(state.attempt_number - 1, 30)
+        wait = min(self.base_s * 2**exponent + random.uniform(0, self.base_s), self.max_s)
+        exc = state.outcome.exception() if state.outcome else None
+        asked = _retry_after_s(exc)
+        if asked is not None:
+            wait = max(wait, min(asked, self.max_s))
+        return wait
+
+
+def _log_retry(state: RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome else None
+    wait = state.next_action.sleep if state.next_action else 0.0
+    log.warning("LLM call failed (%s: %s); attempt %d, retrying in %.2fs",
+                type(exc).__name__, exc, state.attempt_number, wait)
+
+
+def llm_retrying(max_attempts: Optional[int] = None, base_s: Optional[float] = None) -> Retrying:
+    """A fresh tenacity Retrying; OPTAGENT_RETRY_ATTEMPTS / OPTAGENT_RETRY_BASE_S fill the gaps."""
+    attempts = max_attempts or int(env_number("OPTAGENT_RETRY_ATTEMPTS", DEFAULT_ATTEMPTS))
+    base = base_s if base_s is not None else env_number("OPTAGENT_RETRY_BASE_S", DEFAULT_BASE_S)
+    return Retrying(
+        retry=retry_if_exception_type(RETRYABLE),
+        stop=stop_after_attempt(max(1, attempts)),
+        wait=_Wait(max(0.0, base)),
+        before_sleep=_log_retry,
+        reraise=True,  # the caller sees the last real error, not a tenacity RetryError
+    )
+
+
+def llm_retry(fn: F) -> F:
+    """Decorator: call ``fn`` under the policy, with settings read at each call."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return llm_retrying()(fn, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]

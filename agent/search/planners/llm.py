@@ -1,0 +1,199 @@
+"""The LLM planner: prompt from the PlannerContext, reply parsed into a kernel.
+
+Each step is one stateless request (system + user message) so that a prompt
+never grows with the run; the only state carried between steps is the
+feedback of a reply that could not be applied, shown in the next prompt.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from optagent.llm.edits import EditError, kernel_from_reply
+from optagent.llm.replies import NoKernelError, extract_idea
+from optagent.llm.prompts import render
+from optagent.protocols import LLM, Attempt, PlannerContext
+from optagent.schema import EvalResult, Language, Proposal, Status, StepOutcome, Usage
+
+RECENT_ATTEMPTS = 5  # attempts shown in detail; older ones only in the ledger
+LEDGER_MAX = 60
+_ERROR_LINES, _ERROR_CHARS = 40, 3000
+_LOG_LINES = 30
+NO_IDEA = "(the reply states no idea)"
+
+_FENCE_TAG = {Language.TRITON: "python", Language.TILELANG: "python", Language.CUDA: "cuda"}
+
+
+# ---------------------------------------------------------------- the context, ready to render
+
+
+def trim(text: Optional[str], max_lines: int = _ERROR_LINES, max_chars: int = _ERROR_CHARS) -> str:
+    """Head and tail of a long error: the first lines name the error, the last the failing frame."""
+    if not text:
+        return ""
+    lines = text.strip("\n").split("\n")
+    if len(lines) > max_lines:
+        head, tail = max_lines // 3, max_lines - max_lines // 3
+        lines = lines[:head] + [f"... ({len(lines) - head - tail} lines cut) ..."] + lines[-tail:]
+    out = "\n".join(lines)
+    if len(out) > max_chars:
+        half = max_chars // 2
+        out = out[:half] + f"\n... ({len(out) - 2 * half} characters cut) ...\n" + out[-half:]
+    return out
+
+
+def _num(value: Optional[float], fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _case_rows(result: EvalResult) -> list[dict[str, str]]:
+    return [
+        {
+            "case": c.case,
+            "sizes": c.sizes or "-",
+            "status": c.status.value,
+            "time_us": _num(c.time_us, ".2f"),
+            "baseline_us": _num(c.baseline_us, ".2f"),
+            "speedup": _num(c.speedup, ".3f"),
+            "floor_pct": _num(c.pct_of_floor, ".1f"),
+            "bound": c.bound or "-",
+        }
+        for c in result.cases
+    ]
+
+
+def _result_view(result: Optional[EvalResult]) -> Optional[dict[str, Any]]:
+    if result is None:
+        return None
+    failing = next((c for c in result.cases if not c.status.ok and c.status is not Status.SKIPPED), None)
+    log_tail = trim(result.log_tail, _LOG_LINES) if result.log_tail else ""
+    reason = trim(result.reason)
+    return {
+        "status": result.status.value,
+        "reason": reason,
+        "log_tail": "" if log_tail and log_tail in reason else log_tail,
+        "geomean": _num(result.geomean_speedup, ".3f"),
+        "device_name": result.device_name or result.device,
+        "baseline_label": result.baseline_label or "the package's baseline",
+        "rows": _case_rows(result),
+        "failing": None if failing is None else {
+            "case": failing.case,
+            "sizes": failing.sizes or "-",
+            "status": failing.status.value,
+            "reason": trim(failing.reason),
+            "rel_err": _num(failing.rel_err, ".3g"),
+            "tolerance": _num(failing.tolerance, ".3g"),
+        },
+    }
+
+
+def _effect(a: Attempt) -> str:
+    if a.result is None:
+        return "no kernel" if a.outcome == StepOutcome.NO_KERNEL.value else (a.error or "-").split("\n")[0][:80]
+    if a.result.status.ok:
+        return f"{_num(a.result.geomean_speedup, '.3f')}x geomean"
+    return a.result.status.value
+
+
+def _attempt_view(a: Attempt) -> dict[str, Any]:
+    # A failed edit's full message (with nearest lines) goes in the feedback section; one line here.
+    error = (a.error or "").split("\n")[0] if a.outcome == StepOutcome.NO_KERNEL.value else trim(a.error)
+    return {"index": a.index, "idea": a.idea, "outcome": a.outcome, "error": error,
+            "effect": _effect(a), "result": _result_view(a.result)}
+
+
+def prompt_vars(ctx: PlannerContext, feedback: str = "", whole_file: bool = False,
+                edit_failures: int = 0) -> dict[str, Any]:
+    tried = [a for a in ctx.attempts if a.outcome != StepOutcome.BASELINE.value]
+    return {
+        "task_name": ctx.task_name,
+        "title": ctx.title,
+        "statement": ctx.statement.strip(),
+        "contract": ctx.contract.strip(),
+        "language": ctx.language.value,
+        "fence": _FENCE_TAG[ctx.language],
+        "best_source": ctx.best_source.rstrip("\n"),
+        "best_is_starter": ctx.best_source.strip() == ctx.starter_source.strip(),
+        "best": _result_view(ctx.best_result),
+        "gpu": ctx.gpu,
+        "step_index": ctx.step_index,
+        "ledger": [_attempt_view(a) for a in tried[-LEDGER_MAX:]],
+        "ledger_cut": max(0, len(tried) - LEDGER_MAX),
+        "recent": [_attempt_view(a) for a in tried[-RECENT_ATTEMPTS:]],
+        "feedback": feedback.strip("\n"),
+        "whole_file": whole_file,
+        "edit_failures": edit_failures,
+    }
+
+
+def build_messages(ctx: PlannerContext, feedback: str = "", whole_file: bool = False,
+                   edit_failures: int = 0) -> list[dict]:
+    variables = prompt_vars(ctx, feedback, whole_file, edit_failures)
+    return [
+        {"role": "system", "content": render("system", **variables)},
+        {"role": "user", "content": render("propose", **variables)},
+    ]
+
+
+# ---------------------------------------------------------------- replies -> proposals (shared)
+
+
+def proposal_from_reply(
+    text: str,
+    ctx: PlannerContext,
+    usage: Optional[Usage] = None,
+    request: Optional[list[dict]] = None,
+    idea: Optional[str] = None,
+) -> tuple[Proposal, Optional[Exception]]:
+    """The Proposal a reply makes against ctx.best_source, and the parse failure if any.
+
+    Never raises for a bad reply: the loop records the error as a NO_KERNEL step.
+    """
+    idea = idea or extract_idea(text) or NO_IDEA
+    common: dict[str, Any] = {"idea": idea, "request": request, "reply": text, "usage": usage or Usage()}
+    try:
+        source, parsed = kernel_from_reply(text, ctx.best_source, ctx.language)
+    except EditError as exc:
+        return Proposal(error=str(exc), meta={"reply_kind": "edit_error", "block": exc.block}, **common), exc
+    except NoKernelError as exc:
+        return Proposal(error=str(exc), meta={"reply_kind": "no_kernel"}, **common), exc
+    meta = {"reply_kind": parsed.kind, "edit_blocks": len(parsed.edits)}
+    return Proposal(source=source, meta=meta, **common), None
+
+
+# ---------------------------------------------------------------- the planner
+
+
+class LLMPlanner:
+    name = "llm"
+
+    def __init__(self, llm: LLM, max_edit_failures: int = 2) -> None:
+        self.llm = llm
+        self.model: Optional[str] = llm.model
+        self.max_edit_failures = max_edit_failures
+        self._edit_failures = 0  # consecutive replies whose SEARCH/REPLACE edits did not apply
+        self._feedback = ""  # rendered edit_failed.j2 for the next prompt
+
+    def propose(self, ctx: PlannerContext) -> Proposal:
+        whole_file = self._edit_failures >= self.max_edit_failures
+        messages = build_messages(ctx, self._feedback, whole_file, self._edit_failures)
+        reply = self.llm.complete(messages)  # errors left after retry.py's policy go to the loop
+        proposal, failure = proposal_from_reply(reply.text, ctx, reply.usage, messages)
+        proposal.meta["whole_file_requested"] = whole_file
+        self._remember(failure)
+        return proposal
+
+    def _remember(self, failure: Optional[Exception]) -> None:
+        if failure is None:
+            self._edit_failures, self._feedback = 0, ""
+            return
+        kind = "edit" if isinstance(failure, EditError) else "no_kernel"
+        if kind == "edit":
+            self._edit_failures += 1
+        self._feedback = render(
+            "edit_failed",
+            kind=kind,
+            error=str(failure),
+            failures=self._edit_failures,
+            whole_file_next=self._edit_failures >= self.max_edit_failures,
+        )

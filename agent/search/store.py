@@ -1,0 +1,323 @@
+"""Run state on disk: ``runs/<run_id>/``, readable with cat and jq.
+
+Layout::
+
+    config.json            RunConfig (with the task package's digest)
+    state.json             RunState, rewritten after every step
+    starter.<ext>          the kernel the run started from
+    steps/0003/            one folder per step
+        proposal.json      the planner's proposal: idea, request, reply, usage
+        candidate.<ext>    the source evaluated
+        result.json        EvalResult
+        step.json          Step - written last: a step without it is unfinished
+    best/kernel.<ext>, best/result.json, best/diff.patch
+                           result.json: the best kernel's latest timing (re-timed
+                           side by side with a candidate); its step keeps the first
+    lock                   flock()ed by the process driving the run: a run whose
+                           state says RUNNING but whose lock is free was killed
+
+Every file is written atomically (temp file, fsync, rename), so SIGKILL at any
+moment leaves each file either old or new, never half-written. Every record is
+read through ``read_record``: a file damaged anyway (a full disk, a hand edit, a
+copy cut short) is a one-line RunError naming it, never a traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fcntl
+import hashlib
+import os
+import re
+import time
+from functools import cached_property
+from pathlib import Path
+from typing import Iterator, Optional, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from optagent.schema import EvalResult, Language, Proposal, RunConfig, RunState, Step
+
+M = TypeVar("M", bound=BaseModel)
+LOCK_WAIT_S = 1.0  # a reader's probe holds the lock for microseconds; a driver waits that out
+
+
+class RunError(Exception):
+    """A run that cannot be opened or driven; the message is one line."""
+
+
+def _short(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def read_text(path: Path) -> str:
+    """A run's text file, or a RunError naming it."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise RunError(f"{path}: missing") from None
+    except OSError as e:
+        raise RunError(f"{path}: cannot read: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RunError(f"{path}: not UTF-8 text (bad byte at offset {e.start}; damaged?)") from None
+
+
+def read_record(path: Path, model: type[M]) -> M:
+    """The one reader of a run's JSON records: damage becomes a one-line RunError naming the file."""
+    text = read_text(path)
+    if not text.strip():
+        raise RunError(f"{path}: empty file (truncated?)")
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        if first["type"] == "json_invalid":
+            why = str(first.get("ctx", {}).get("error") or first["msg"])
+            hint = " (truncated?)" if "EOF" in why else ""
+            raise RunError(f"{path}: not valid JSON{hint}: {_short(why)}") from None
+        where = ".".join(str(x) for x in first["loc"])
+        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        raise RunError(f"{path}: not a valid {model.__name__} record: "
+                       f"{where + ': ' if where else ''}{_short(first['msg'])}{more}") from None
+
+
+def ext(language: Language) -> str:
+    return ".cu" if language is Language.CUDA else ".py"
+
+
+def atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def runs_dir(arg: Optional[str]) -> Path:
+    env = os.environ.get("OPTAGENT_RUNS_DIR") or None
+    path = Path(arg or env or "runs")
+    # A file on the way would fail the first write with a traceback; name where the path came from.
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        where = f"--runs-dir {arg}" if arg else f"OPTAGENT_RUNS_DIR={env}" if env else str(path)
+        raise RunError(f"{where}: " + ("not a directory" if existing == path else f"{existing} is not a directory"))
+    return path
+
+
+def new_run_id(task_name: str) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    salt = hashlib.sha256(f"{time.time_ns()}{os.getpid()}".encode()).hexdigest()[:6]
+    return f"{stamp}-{re.sub(r'[^A-Za-z0-9_.-]', '_', task_name)}-{salt}"
+
+
+def unified_diff(a: str, b: str, a_name: str = "starter", b_name: str = "best") -> str:
+    return "".join(difflib.unified_diff(a.splitlines(keepends=True), b.splitlines(keepends=True),
+                                        fromfile=a_name, tofile=b_name))
+
+
+class RunStore:
+    def __init__(self, path: Path):
+        self.path = path
+        self._lock_fh = None
+
+    # -- creation and opening -------------------------------------------------
+    @classmethod
+    def create(cls, root: Path, config: RunConfig, starter: str) -> "RunStore":
+        path = root / config.run_id
+        if path.exists():
+            raise RunError(f"{path}: run already exists")
+        try:
+            path.mkdir(parents=True)
+        except OSError as e:
+            raise RunError(f"{path}: cannot create the run's folder: {e.strerror or e}") from None
+        store = cls(path)
+        atomic_write(path / "config.json", config.model_dump_json(indent=2))
+        atomic_write(path / f"starter{ext(config.language)}", starter)
+        return store
+
+    @classmethod
+    def open(cls, root: Path, run_id: str) -> "RunStore":
+        """The exact id under ``root``, a run directory's path, or a unique prefix (else a unique part) of an id."""
+        is_path = os.sep in run_id or run_id in (".", "..") or run_id.startswith("~")
+        if run_id and not is_path and (root / run_id / "config.json").is_file():
+            return cls(root / run_id)
+        given = Path(run_id).expanduser()
+        if run_id and (given / "config.json").is_file():
+            return cls(given)
+        if is_path:
+            raise RunError(f"{given}: " + ("not a run directory (no config.json)" if given.is_dir() else
+                                           "no such run directory"))
+        if not run_id:
+            raise RunError(f"{root}: no run id given")
+        names = [s.path.name for s in list_runs(root)]
+        matches = [n for n in names if n.startswith(run_id)] or [n for n in names if run_id in n]
+        if not matches:
+            raise RunError(f"{root / run_id}: no such run")
+        if len(matches) > 1:
+            shown = ", ".join(matches[:8]) + (f", and {len(matches) - 8} more" if len(matches) > 8 else "")
+            raise RunError(f"{run_id!r} matches {len(matches)} runs: {shown}")
+        return cls(root / matches[0])
+
+    def lock(self) -> None:
+        fh = open(self.path / "lock", "a+")
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    fh.close()
+                    raise RunError(f"{self.path}: another optagent process is driving this run") from None
+                time.sleep(0.05)
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
+        self._lock_fh = fh
+
+    def unlock(self) -> None:
+        if self._lock_fh:
+            fcntl.flock(self._lock_fh, fcntl.LOCK_UN)
+            self._lock_fh.close()
+            self._lock_fh = None
+
+    def driven(self) -> bool:
+        """Whether a live process holds this run's lock (a kill -9 releases it with the process)."""
+        try:
+            fd = os.open(self.path / "lock", os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        finally:
+            os.close(fd)
+
+    def ever_driven(self) -> bool:
+        return (self.path / "lock").exists()
+
+    def driver_pid(self) -> Optional[int]:
+        try:
+            text = (self.path / "lock").read_text().strip()
+        except OSError:
+            return None
+        return int(text) if text.isdigit() else None
+
+    # -- reading ----------------------------------------------------------------
+    @cached_property
+    def config(self) -> RunConfig:  # written once, at creation
+        return read_record(self.path / "config.json", RunConfig)
+
+    def state(self) -> Optional[RunState]:
+        p = self.path / "state.json"
+        return read_record(p, RunState) if p.exists() else None
+
+    @property
+    def starter(self) -> str:
+        return read_text(self.path / f"starter{ext(self.config.language)}")
+
+    def step_dir(self, index: int) -> Path:
+        return self.path / "steps" / f"{index:04d}"
+
+    def _step_dirs(self) -> list[Path]:
+        return sorted(d for d in (self.path / "steps").glob("[0-9]*") if d.name.isdigit() and d.is_dir())
+
+    def steps(self) -> list[Step]:
+        return [read_record(d / "step.json", Step) for d in self._step_dirs() if (d / "step.json").is_file()]
+
+    def step_source(self, index: int) -> Optional[str]:
+        files = list(self.step_dir(index).glob("candidate.*"))
+        return read_text(files[0]) if files else None
+
+    def proposal(self, index: int) -> Optional[Proposal]:
+        p = self.step_dir(index) / "proposal.json"
+        return read_record(p, Proposal) if p.exists() else None
+
+    def unfinished(self) -> Optional[tuple[int, Proposal]]:
+        """A step whose proposal was saved but whose evaluation never finished."""
+        for d in self._step_dirs():
+            if not (d / "step.json").exists() and (d / "proposal.json").exists():
+                return int(d.name), read_record(d / "proposal.json", Proposal)
+        return None
+
+    def best(self) -> Optional[tuple[str, EvalResult]]:
+        files = list((self.path / "best").glob("kernel.*"))
+        res = self.path / "best" / "result.json"
+        if not files or not res.exists():
+            return None
+        return read_text(files[0]), read_record(res, EvalResult)
+
+    def damage(self) -> list[RunError]:
+        """Every damaged record of the run (each named), for listings that go on past one."""
+        found: list[RunError] = []
+
+        def check(path: Path, model: Optional[type[BaseModel]] = None) -> None:
+            try:
+                if model:
+                    read_record(path, model)
+                else:
+                    read_text(path)
+            except RunError as e:
+                found.append(e)
+
+        check(self.path / "config.json", RunConfig)
+        if not found:
+            check(self.path / f"starter{ext(self.config.language)}")
+        for name, model in (("state.json", RunState), ("best/result.json", EvalResult)):
+            if (self.path / name).exists():
+                check(self.path / name, model)
+        for kernel in (self.path / "best").glob("kernel.*"):
+            check(kernel)
+        for d in self._step_dirs():
+            for name, model in (("proposal.json", Proposal), ("result.json", EvalResult), ("step.json", Step)):
+                if (d / name).exists():
+                    check(d / name, model)
+        return found
+
+    # -- writing ----------------------------------------------------------------
+    def save_proposal(self, index: int, proposal: Proposal, language: Language) -> None:
+        d = self.step_dir(index)
+        if proposal.source is not None:
+            atomic_write(d / f"candidate{ext(language)}", proposal.source)
+        atomic_write(d / "proposal.json", proposal.model_dump_json(indent=2))
+
+    def save_step(self, step: Step) -> None:
+        d = self.step_dir(step.index)
+        if step.result is not None:
+            atomic_write(d / "result.json", step.result.model_dump_json(indent=2))
+        atomic_write(d / "step.json", step.model_dump_json(indent=2))
+
+    def save_best(self, source: str, result: EvalResult) -> None:
+        language = self.config.language
+        d = self.path / "best"
+        atomic_write(d / f"kernel{ext(language)}", source)
+        atomic_write(d / "result.json", result.model_dump_json(indent=2))
+        atomic_write(d / "diff.patch", unified_diff(self.starter, source, f"starter{ext(language)}",
+                                                    f"best{ext(language)}"))
+
+    def save_state(self, state: RunState) -> None:
+        atomic_write(self.path / "state.json", state.model_dump_json(indent=2))
+
+
+def list_runs(root: Path) -> Iterator[RunStore]:
+    if not root.is_dir():
+        return iter(())
+    return (RunStore(p) for p in sorted(root.iterdir()) if (p / "config.json").is_file())
+

@@ -1,0 +1,49 @@
+"""Child side of an evaluation: ``python -m optagent.worker JOB_FILE RESULT_FD``.
+
+Three modes. ``candidate`` (untrusted: the kernel is loaded here) times the
+baseline before any candidate code exists in the process, then per case loads
+a fresh copy of the kernel, runs it on the package's inputs and on freshly
+drawn ones, times it, and saves its outputs. ``judge`` (trusted: never loads the
+candidate) rebuilds the same inputs from the seeds, computes the references and
+gives the verdicts. ``probe`` loads a package for ``optagent task validate``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from optagent.messages import Channel, Job
+
+
+def main() -> None:
+    job_file = Path(sys.argv[1])
+    job = Job.model_validate_json(job_file.read_text())
+    job_file.unlink()  # it holds the nonce and the seed: gone before any candidate code runs
+    chan = Channel(int(sys.argv[2]), job.nonce)
+    try:
+        if job.mode == "candidate":
+            from optagent.worker.candidate import Candidate
+
+            Candidate(job, chan).run()
+        elif job.mode == "judge":
+            from optagent.worker.judge import judge
+
+            judge(job, chan)
+        else:
+            from optagent.worker.judge import probe
+
+            probe(job, chan)
+    except BaseException as e:  # everything reaches the parent as a status, not a traceback
+        tb = traceback.format_exc(limit=-4)
+        chan.send("error", error=f"{type(e).__name__}: {e}", traceback=tb)
+        raise SystemExit(3)
+    finally:
+        sys.stdout.flush()
+    os._exit(0)  # skip interpreter teardown: candidate atexit hooks do not run after "done"
+
+
+if __name__ == "__main__":
+    main()

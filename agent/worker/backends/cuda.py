@@ -1,0 +1,184 @@
+"""CUDA candidates: ``extern "C" run_kernel`` compiled into a shared library.
+
+The compiler command is configurable (``--compiler`` / ``OPTAGENT_NVCC``) so a
+CUDA-compatible vendor toolchain can stand in for nvcc. With nvcc the source is
+compiled to an object first, whose imports object_scan.py checks, then linked;
+another toolchain builds in its one step, unchecked. Builds are cached by the hash
+of source and command; only checked ones are cached under the checked key.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Sequence
+
+from optagent.cache import cache_root
+from optagent.worker.object_scan import scan_cuda_object
+from optagent.worker.backends import CompileError, Refused
+
+DEFAULT_COMPILER = "nvcc -O3 -shared -Xcompiler -fPIC -lineinfo {arch} -o {out} {src}"
+LINK_FLAGS = ("-l", "-L")  # given to the link step only, when the build is two steps
+OBJECT_SCAN = "object-scan-1"  # in the cache key: a library built before the check is not reused
+SIGNATURE = re.compile(r'extern\s+"C"\s+(?:__host__\s+)?void\s+run_kernel\s*\(([^)]*)\)', re.S)
+
+CTYPES = {
+    "int64_t": ctypes.c_int64, "long": ctypes.c_int64, "long long": ctypes.c_int64, "size_t": ctypes.c_size_t,
+    "int32_t": ctypes.c_int32, "int": ctypes.c_int32, "uint32_t": ctypes.c_uint32, "unsigned": ctypes.c_uint32,
+    "float": ctypes.c_float, "double": ctypes.c_double, "bool": ctypes.c_bool,
+}
+
+
+def parse_signature(source: str) -> list:
+    """ctypes argument types of run_kernel, read from the candidate's own definition."""
+    m = SIGNATURE.search(source)
+    if not m:
+        raise CompileError('no `extern "C" void run_kernel(...)` in the source')
+    types = []
+    for raw in m.group(1).split(","):
+        param = " ".join(raw.replace("const", " ").replace("__restrict__", " ").split())
+        if not param or param == "void":
+            continue
+        if "*" in param:
+            types.append(ctypes.c_void_p)
+            continue
+        base = " ".join(param.split()[:-1])
+        if base not in CTYPES:
+            raise CompileError(f"run_kernel parameter {param!r}: unsupported type {base!r}")
+        types.append(CTYPES[base])
+    return types
+
+
+def _arch_flag(device: str) -> str:
+    if device == "cuda":
+        import torch
+
+        major, minor = torch.cuda.get_device_capability()
+        suffix = "a" if major >= 9 else ""
+        return f"-gencode=arch=compute_{major}{minor}{suffix},code=sm_{major}{minor}{suffix}"
+    return "-arch=sm_90"  # no GPU: compile for Hopper so compile errors are real
+
+
+def cache_dir() -> Path:
+    return cache_root() / "cuda"
+
+
+class CudaBackend:
+    # run_kernel launches on the legacy default stream, which a CUDA graph
+    # capture on torch's capture stream does not record: time it with events.
+    graph_capturable = False
+
+    def __init__(self, device: str, compiler: list[str] | None, compile_timeout_s: float):
+        self.device = device
+        self.compiler = compiler or shlex.split(os.environ.get("OPTAGENT_NVCC", DEFAULT_COMPILER))
+        self.timeout = compile_timeout_s
+        self.library: Path | None = None
+
+    def _two_step(self) -> bool:
+        return Path(self.compiler[0]).name == "nvcc" and "-shared" in self.compiler
+
+    def _command(self, out: Path, src: Path, arch: str, compile_only: bool = False) -> list[str]:
+        cmd = []
+        for part in self.compiler:
+            if part == "{arch}":
+                cmd.extend(arch.split())
+            elif compile_only and part == "-shared":
+                cmd.append("-c")
+            elif not (compile_only and part.startswith(LINK_FLAGS)):
+                cmd.append(part.format(out=out, src=src, arch=arch))
+        return cmd
+
+    def _run(self, cmd: list[str], scratch: Path, source_path: Path) -> None:
+        if shutil.which(cmd[0]) is None:
+            raise CompileError(f"compiler {cmd[0]!r} not found (set --compiler or OPTAGENT_NVCC)")
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout, cwd=scratch)
+        except subprocess.TimeoutExpired:
+            raise CompileError(f"compiler timed out after {self.timeout:.0f} s") from None
+        if proc.returncode != 0:
+            raise CompileError(first_errors(proc.stderr + proc.stdout, source_path))
+
+    def prepare(self, source_path: Path, scratch: Path) -> None:
+        source = source_path.read_text(encoding="utf-8")
+        self.argtypes = parse_signature(source)
+        arch = _arch_flag(self.device)
+        checked = OBJECT_SCAN if self._two_step() else "unchecked"
+        key = hashlib.sha256("\0".join([source, " ".join(self.compiler), arch, checked]).encode()).hexdigest()[:24]
+        cached = cache_dir() / f"{key}.so"
+        self.scratch = scratch
+        if cached.exists():
+            self.library = cached
+            return
+        out = scratch / f"candidate-{key}.so"  # builds of different sources may share a scratch dir
+        if self._two_step():
+            obj = out.with_suffix(".o")
+            self._run(self._command(obj, source_path, arch, compile_only=True), scratch, source_path)
+            why = scan_cuda_object(str(obj))
+            if why:
+                raise Refused(why)
+            libs = [p for p in self.compiler if p.startswith(LINK_FLAGS)]
+            # no device link: the object is whole-program code, as a one-step build leaves it
+            self._run([self.compiler[0], "-shared", "--no-device-link", "-o", str(out), str(obj), *libs],
+                      scratch, source_path)
+        else:
+            self._run(self._command(out, source_path, arch), scratch, source_path)
+        if not out.exists():
+            raise CompileError("the compiler exited without writing the library")
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+        shutil.copyfile(out, tmp)
+        os.replace(tmp, cached)
+        self.library = cached
+
+    def load_fresh(self, tag: str) -> Callable:
+        if self.device != "cuda":
+            from optagent.worker.backends import Unsupported
+
+            raise Unsupported("compiled; running CUDA kernels needs a CUDA GPU")
+        assert self.library is not None
+        # dlopen keys on the path: a fresh file gives fresh static state.
+        path = self.scratch / f"candidate_{tag}.so"
+        shutil.copyfile(self.library, path)
+        lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
+        fn = lib.run_kernel
+        fn.argtypes = self.argtypes
+        fn.restype = None
+        argtypes = self.argtypes
+
+        def run_kernel(*args):
+            if len(args) != len(argtypes):
+                raise TypeError(f"run_kernel takes {len(argtypes)} arguments, the case has {len(args)}")
+            converted = [a.data_ptr() if hasattr(a, "data_ptr") else a for a in args]
+            fn(*converted)
+
+        return run_kernel
+
+
+def build_all(paths: Sequence[Path], device: str = "cuda", timeout_s: float = 600) -> dict[Path, str]:
+    """Builds every source into the build cache at once (one nvcc uses one core), each in
+    its own folder's scratch; returns why each one that failed did, by path."""
+    def build(path: Path) -> str:
+        try:
+            CudaBackend(device, None, timeout_s).prepare(path, path.parent)
+            return ""
+        except Exception as e:  # reported to the caller, who decides what a failure means
+            return f"{type(e).__name__}: {str(e)[:300]}"
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 4) as pool:
+        errors = list(pool.map(build, paths))
+    return {p: e for p, e in zip(paths, errors) if e}
+
+
+def first_errors(log: str, source_path: Path, lines: int = 8) -> str:
+    """nvcc's first error lines, with the scratch path shortened to the file name."""
+    log = log.replace(str(source_path), source_path.name)
+    errs = [ln for ln in log.splitlines() if "error" in ln.lower()]
+    picked = errs[:lines] or log.strip().splitlines()[:lines]
+    return "\n".join(picked) or "the compiler failed without a message"

@@ -1,0 +1,59 @@
+"""Triton and TileLang candidates: Python modules defining ``run_kernel``."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+import traceback
+from pathlib import Path
+from typing import Callable
+
+from optagent.evaluation.checks import python_syntax_error
+from optagent.schema import Language
+from optagent.worker.backends import CompileError, Unsupported
+
+
+class PythonBackend:
+    def __init__(self, language: Language, device: str):
+        self.language = language
+        self.device = device
+        self.source_path: Path | None = None
+
+    def prepare(self, source_path: Path, scratch: Path) -> None:
+        if self.language is Language.TILELANG:
+            if importlib.util.find_spec("tilelang") is None:
+                raise Unsupported("TileLang is not installed in this environment (pip install tilelang)")
+            if self.device != "cuda":
+                raise Unsupported("TileLang kernels need a CUDA GPU; none is visible")
+        bad = python_syntax_error(source_path.read_text(encoding="utf-8"))
+        if bad:
+            raise CompileError(bad)
+        self.scratch = scratch
+        self.source_path = source_path
+
+    def load_fresh(self, tag: str) -> Callable:
+        assert self.source_path is not None
+        # A new file name per case: Triton keys its in-memory caches on the
+        # function object, and tracebacks then name the case.
+        path = self.scratch / f"candidate_{tag}.py"
+        shutil.copyfile(self.source_path, path)
+        name = f"optagent_candidate_{tag}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:
+            raise CompileError(_short_traceback(e, path)) from None
+        fn = getattr(module, "run_kernel", None)
+        if not callable(fn):
+            raise CompileError("the module defines no callable run_kernel")
+        return fn
+
+
+def _short_traceback(e: BaseException, path: Path) -> str:
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == str(path)]
+    where = f" (line {frames[-1].lineno})" if frames else ""
+    return f"{type(e).__name__}: {e}{where}"

@@ -1,0 +1,280 @@
+"""Timing, worker side. Captures its clocks at import, before any candidate code.
+
+Eager time is what the contest measures: the whole ``run_kernel`` call, host
+overhead included, closed by a device-wide synchronise so that work pushed to a
+side stream is counted. GPU time is CUDA-graph replay with events. Between
+repetitions the L2 is flushed and the input set rotates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import statistics
+import sys
+import time
+from typing import Callable, Optional
+
+import torch
+
+from optagent.worker import host_speed
+from optagent.cache import cache_root, write_json
+
+# Bound now: a candidate that patches torch.cuda.Event or time.perf_counter later
+# does not touch these, and integrity() notices the patch.
+_perf_counter = time.perf_counter
+_Event = torch.cuda.Event
+_elapsed_time = torch.cuda.Event.elapsed_time
+_record = torch.cuda.Event.record
+_synchronize = torch.cuda.synchronize
+_OWN = ("_perf_counter", "_Event", "_elapsed_time", "_record", "_synchronize")  # same order as _CAPTURED
+_CAPTURED = {
+    "time.perf_counter": (time, "perf_counter", _perf_counter),
+    "torch.cuda.Event": (torch.cuda, "Event", _Event),
+    "torch.cuda.Event.elapsed_time": (torch.cuda.Event, "elapsed_time", _elapsed_time),
+    "torch.cuda.Event.record": (torch.cuda.Event, "record", _record),
+    "torch.cuda.synchronize": (torch.cuda, "synchronize", _synchronize),
+}
+
+
+def patched_timers() -> list[str]:
+    """Clocks changed since import: the libraries' and this module's own captured ones."""
+    found = [name for name, (owner, attr, orig) in _CAPTURED.items() if getattr(owner, attr, None) is not orig]
+    module = sys.modules[__name__]
+    found += [f"optagent.worker.bench.{name}" for name, (_, _, orig) in zip(_OWN, _CAPTURED.values())
+              if getattr(module, name, None) is not orig]
+    return found
+
+
+SLOW_MIN_ITERS = 5
+WARM_S = 0.05
+# a timing taken on a slow host is taken again once the host is back at its usual speed:
+# waiting at most this long each time, and this long in all per process
+HOST_WAIT_S = 1.0
+HOST_WAIT_TOTAL_S = 4.0
+
+
+@contextlib.contextmanager
+def _no_gc():
+    """No garbage collection inside a timed loop: a collection pass is the harness's cost,
+    not the kernel's. (No full collection first: with torch loaded one takes ~50 ms.)"""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def stats(samples_us: list[float]) -> dict:
+    """Median and 10-90 band of all samples."""
+    s = sorted(samples_us)
+    q = statistics.quantiles(s, n=10) if len(s) >= 2 else [s[0]] * 9
+    return {"median_us": max(statistics.median(s), 1e-3), "p10_us": max(q[0], 1e-3),
+            "p90_us": max(q[-1], 1e-3), "samples": len(s)}
+
+
+class Timer:
+    def __init__(self, device: str, min_iters: int, max_iters: int, budget_s: float, warmup: int):
+        self.device = device
+        self.min_iters, self.max_iters, self.budget_s, self.warmup = min_iters, max_iters, budget_s, warmup
+        self._flush: Optional[torch.Tensor] = None
+        # GPU timings only: CPU-interpreter runs check correctness and their times are labels,
+        # and a retried loop would make their few timed calls many
+        self.host_conditioned = device == "cuda"
+        self._usual_probe = (host_speed.usual_probe_us(min(host_speed.probe_us() for _ in range(200)))
+                             if self.host_conditioned else 0.0)
+        self._wait_left = HOST_WAIT_TOTAL_S
+        if device == "cuda":
+            l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
+            self._flush = torch.empty(max(4 * l2, 256 << 20), dtype=torch.uint8, device="cuda")
+            self._sync_us = self._sync_overhead()
+
+    def _sync(self) -> None:
+        if self.device == "cuda":
+            _synchronize()
+
+    def flush_l2(self) -> None:
+        if self._flush is not None:
+            self._flush.zero_()
+
+    def _sync_overhead(self) -> float:
+        samples = []
+        for _ in range(50):
+            _synchronize()
+            t0 = _perf_counter()
+            _synchronize()
+            samples.append((_perf_counter() - t0) * 1e6)
+        return statistics.median(samples)
+
+    def _more(self, i: int, start: float) -> bool:
+        """Another timed call? At least min_iters and more while the budget lasts, at most
+        max_iters; a slow kernel (hundreds of ms a call) stops after a few once it has used
+        four budgets, so that a slow starter does not take minutes per case."""
+        if i >= self.max_iters:
+            return False
+        spent = _perf_counter() - start
+        if i < min(SLOW_MIN_ITERS, self.min_iters):
+            return True
+        return spent < (4 * self.budget_s if i < self.min_iters else self.budget_s)
+
+    def eager(self, fn: Callable, arg_sets: list[list], after: Optional[Callable] = None) -> dict:
+        """Median wall time of fn(*args) up to a device-wide sync, sets rotated, L2 flushed,
+        over the calls made while the host ran at its usual speed (host_speed.py)."""
+        with _no_gc():
+            result = self._eager(fn, arg_sets, after)
+            if result["host_slow"] and self._wait_left > 0 and self.host_conditioned:
+                t0 = _perf_counter()
+                usual = host_speed.wait_for_usual(self._usual_probe, min(HOST_WAIT_S, self._wait_left))
+                self._wait_left -= _perf_counter() - t0
+                if usual:  # the retry's calls go through `after` too: their outputs are checked alike
+                    again = self._eager(fn, arg_sets, after)
+                    result = min(result, again, key=lambda r: (r["host_slow"], r["median_us"]))
+            return result
+
+    def _eager(self, fn: Callable, arg_sets: list[list], after: Optional[Callable]) -> dict:
+        t0 = _perf_counter()
+        i = 0
+        # at least `warmup` calls and WARM_S seconds: the host's and the GPU's clocks ramp up
+        # over tens of milliseconds after an idle spell, longer than ten fast calls take
+        while i < self.warmup or (self.device == "cuda" and _perf_counter() - t0 < WARM_S):
+            if i >= 2 and _perf_counter() - t0 > self.budget_s:
+                break  # a slow kernel is warm after two calls
+            fn(*arg_sets[i % len(arg_sets)])
+            if after is not None:  # a warm-up answer left in the output must not pass as a timed one
+                self._sync()
+                after(-1 - i, arg_sets[i % len(arg_sets)])
+            i += 1
+        self._sync()
+        samples: list[float] = []
+        probes: list[float] = []
+        start = _perf_counter()
+        i = 0
+        while self._more(i, start):
+            args = arg_sets[i % len(arg_sets)]
+            self.flush_l2()
+            self._sync()
+            probes.append(host_speed.probe_us())
+            t0 = _perf_counter()
+            fn(*args)
+            self._sync()
+            elapsed = (_perf_counter() - t0) * 1e6
+            if self.device == "cuda":
+                elapsed = max(elapsed - self._sync_us, 0.5)
+            samples.append(elapsed)
+            if after is not None:
+                after(i, args)
+            i += 1
+        if not self.host_conditioned:
+            return {**stats(samples), "host_slow": False, "slow_host_calls": 0}
+        kept, slow = host_speed.at_usual_speed(samples, probes, self._usual_probe)
+        return {**stats(kept), "host_slow": slow, "slow_host_calls": len(samples) - len(kept)}
+
+    def gpu(self, fn: Callable, arg_sets: list[list], capturable: bool = True) -> tuple[Optional[dict], Optional[str]]:
+        """GPU time: CUDA-graph replay where the kernel can be captured, else events around the call."""
+        if self.device != "cuda":
+            return None, "no GPU"
+        with _no_gc():
+            if not capturable:
+                return self._events(fn, arg_sets), "events around the call (not capturable in a CUDA graph)"
+            return self._graph(fn, arg_sets)
+
+    def _event_times(self, launch: Callable[[int], None]) -> dict:
+        """Median of launch(i) between two events, L2 flushed before each.
+
+        No sync between the flush and the start event: the host queues the launch while
+        the flush still runs, so host-side launch latency stays out of the GPU time (the
+        eager time has it).
+        """
+        start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+        samples: list[float] = []
+        start_s = _perf_counter()
+        i = 0
+        while self._more(i, start_s):
+            _synchronize()
+            self.flush_l2()
+            _record(start)
+            launch(i)
+            _record(end)
+            _synchronize()
+            samples.append(_elapsed_time(start, end) * 1e3)
+            i += 1
+        return stats(samples)
+
+    def _events(self, fn: Callable, arg_sets: list[list]) -> dict:
+        return self._event_times(lambda i: fn(*arg_sets[i % len(arg_sets)]))
+
+    def _graph(self, fn: Callable, arg_sets: list[list]) -> tuple[Optional[dict], Optional[str]]:
+        graphs = []
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for args in arg_sets:
+                    fn(*args)
+            torch.cuda.current_stream().wait_stream(side)
+            for args in arg_sets:
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    fn(*args)
+                graphs.append(g)
+        except Exception as e:  # not capturable is a fact about the kernel, not a failure
+            _synchronize()
+            return None, f"not capturable in a CUDA graph: {type(e).__name__}: {str(e)[:160]}"
+        return self._event_times(lambda i: graphs[i % len(graphs)].replay()), None
+
+
+def _measured_once(file: str, measure: Callable[[], float]) -> float:
+    """measure() once per GPU model, cached in OPTAGENT_CACHE (default ~/.cache/optagent)/file."""
+    name = torch.cuda.get_device_name(0)
+    path = cache_root() / file
+    cache = json.loads(path.read_text()) if path.exists() else {}
+    if name in cache:
+        return float(cache[name])
+    cache[name] = value = measure()
+    write_json(path, cache)
+    return value
+
+
+def _median_s(call: Callable[[], None], warmup: int = 3, reps: int = 10) -> float:
+    for _ in range(warmup):
+        call()
+    start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        _record(start)
+        call()
+        _record(end)
+        _synchronize()
+        times.append(_elapsed_time(start, end) / 1e3)
+    return statistics.median(times)
+
+
+def measured_bandwidth_gbs() -> float:
+    """Device-to-device copy bandwidth (read + write), measured once per GPU model and cached."""
+    def measure() -> float:
+        a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+        b = torch.empty_like(a)
+        return 2 * a.numel() / _median_s(lambda: b.copy_(a)) / 1e9
+    return _measured_once("bandwidth.json", measure)
+
+
+def measured_matmul_tflops() -> float:
+    """Dense bf16 matrix-product rate of the framework's GEMM on random data (8192^3), measured
+    once per GPU model and cached: the compute ceiling behind the floor of compute-bound cases."""
+    def measure() -> float:
+        n = 8192
+        g = torch.Generator(device="cuda").manual_seed(0)
+        a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda", generator=g)
+        b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda", generator=g)
+        c = torch.empty_like(a)
+        return 2 * n**3 / _median_s(lambda: torch.mm(a, b, out=c)) / 1e12
+    return _measured_once("matmul.json", measure)
+
+
+def gpu_facts() -> dict:
+    p = torch.cuda.get_device_properties(0)
+    return {"name": p.name, "sm_count": p.multi_processor_count,
+            "l2_mb": getattr(p, "L2_cache_size", 0) / 2**20, "bandwidth_gbs": measured_bandwidth_gbs()}

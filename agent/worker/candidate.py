@@ -1,0 +1,188 @@
+"""The candidate process (untrusted): baseline first, then the kernel, case by case.
+
+The baseline is timed before any candidate code exists in the process. Then the
+process is locked down (import blocker, audit guard) and, per case, a fresh copy
+of the kernel runs on the package's inputs and on fresh ones (outputs poisoned,
+inputs compared bitwise), and is timed with inputs redrawn and outputs
+re-poisoned after every call. Every output the judge will check is saved with
+the seeds that rebuild its inputs and a sha256 that proves it was not rewritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import random
+import sys
+from pathlib import Path
+
+import torch
+
+from optagent.worker import bench
+from optagent.worker.backends import CompileError, Refused, Unsupported, backend_for
+from optagent.worker.guard import lock_imports, watch_host_compute
+from optagent.worker.harness import TaskRuntime, float_scales, poison, refresh_floats, run_baseline, same_bits
+from optagent.messages import CaseSpec, Channel, Job
+from optagent.progress import Phase
+from optagent.schema import CaseKind
+
+SAMPLED_CALLS = 4  # timed calls, drawn at random, whose outputs the judge checks besides each set's last
+# Fewer drawn calls where outputs are huge (a 16k-token prefill writes 1 GiB per call): each
+# one is saved, hashed and checked against a float64 reference, seconds apiece.
+SAMPLED_BYTES = 1 << 30
+
+
+def _threads() -> set[int]:
+    # sys._current_frames sees threads started with _thread too, not only threading's.
+    return set(sys._current_frames())
+
+
+class Candidate:
+    def __init__(self, job: Job, chan: Channel):
+        self.job, self.chan = job, chan
+        self.rt = TaskRuntime(job.task_dir, job.device)
+        t = job.timing
+        self.timer = bench.Timer(job.device, t.min_iters, t.max_iters, t.budget_s, t.warmup)
+        self.sync = torch.cuda.synchronize if job.device == "cuda" else (lambda: None)
+        self.out_dir = Path(job.outputs_dir or job.scratch)
+        self.rng = random.Random()  # not the job's seed: the kernel cannot predict which calls are checked
+
+    def run(self) -> None:
+        job, chan, rt = self.job, self.chan, self.rt
+        facts = bench.gpu_facts() if job.device == "cuda" else None
+        name = torch.cuda.get_device_name(0) if job.device == "cuda" else "cpu"
+        chan.send("hello", baseline_label=rt.baseline_label, device_name=name, gpu=facts)
+        self._baselines()
+        backend = backend_for(job.language, job.device, job.compiler, job.compile_timeout_s)
+        lock_imports(report=lambda why: chan.send("integrity", reason=why))
+        chan.send("phase", phase=Phase.COMPILING.value)
+        try:
+            backend.prepare(Path(job.source_path), Path(job.scratch))
+        except (CompileError, Unsupported, Refused) as e:
+            status = {Unsupported: "UNSUPPORTED", Refused: "REJECTED"}.get(type(e), "COMPILE_ERROR")
+            chan.send("compile", status=status, reason=str(e))
+            return
+        chan.send("compile", status="OK")
+        threads = _threads()
+        for n, case in enumerate(job.cases):
+            chan.send("case_start", case=case.label)
+            t0 = bench._perf_counter()
+            try:
+                fn = backend.load_fresh(f"{n}_{case.label}")
+            except (CompileError, Unsupported) as e:
+                status = "UNSUPPORTED" if isinstance(e, Unsupported) else "COMPILE_ERROR"
+                chan.send("case", case=case.label, status=status, reason=str(e))
+                return
+            load_ms = (bench._perf_counter() - t0) * 1e3
+            samples = self._checked_runs(n, case, fn)
+            if samples is None:
+                return
+            extra: dict = {}
+            if case.kind is not CaseKind.HIDDEN:
+                chan.send("phase", phase=Phase.TIMING.value, case=case.label)
+                timed, extra = self._timed(case, fn, backend)
+                samples += timed
+            chan.send("case", case=case.label, status="RAN", samples=samples, load_ms=load_ms, **extra)
+            self.sync()
+            if _threads() - threads:
+                chan.send("integrity", reason="left background threads running after run_kernel returned")
+                return
+        patched = bench.patched_timers()
+        if patched:
+            chan.send("integrity", reason=f"patched the harness's timers ({', '.join(patched)})")
+        chan.send("done")
+
+    def _baselines(self) -> None:
+        rt, t = self.rt, self.job.timing
+
+        def baseline(*args):
+            run_baseline(rt.config, list(args))
+
+        for case in (c for c in self.job.cases if c.kind is not CaseKind.HIDDEN):
+            self.chan.send("phase", phase=Phase.BASELINE.value, case=case.label)
+            sets = [rt.make_args(case, self.job.seed + 7919 * k)[0] for k in range(t.input_sets)]
+            self.chan.send("baseline", case=case.label, timing=self.timer.eager(baseline, sets),
+                           sizes=rt.describe(sets[0]))
+            del sets
+        self.sync()
+
+    def _save(self, label: str, name: str, outputs: dict, base_seed, refresh_seed) -> dict:
+        path = self.out_dir / f"{label}-{name}.pt"
+        buf = io.BytesIO()
+        torch.save({i: t.cpu() for i, t in outputs.items()}, buf)
+        data = buf.getvalue()
+        path.write_bytes(data)
+        return {"name": name, "base_seed": base_seed, "refresh_seed": refresh_seed, "file": str(path),
+                "sha256": hashlib.sha256(data).hexdigest()}
+
+    def _checked_runs(self, n: int, case: CaseSpec, fn) -> list[dict] | None:
+        """The package's own inputs, then fresh ones; None when the case already has its verdict."""
+        rt, job, samples = self.rt, self.job, []
+        for name, base_seed in (("given", None), ("fresh", job.seed + 104729 + n)):
+            if case.kind is not CaseKind.CONTEST and base_seed is None:
+                base_seed = job.seed + n  # manifest cases have no inputs of their own: draw them
+            args, _ = rt.make_args(case, base_seed)
+            outs = rt.outputs(args)
+            for i in outs:
+                poison(args[i])
+            pristine = {i: a.clone() for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in outs}
+            if name == "given":
+                with watch_host_compute(args, outs) as watch:
+                    fn(*args)
+                    self.sync()
+                if watch.reason:
+                    self.chan.send("case", case=case.label, status="REJECTED", reason=watch.reason)
+                    return None
+            else:
+                fn(*args)
+                self.sync()
+            changed = [i for i, a in pristine.items() if not same_bits(a, args[i])]
+            if changed:
+                self.chan.send("case", case=case.label, status="REJECTED",
+                               reason=f"modified its input argument(s) {changed} (inputs must stay read-only)")
+                return None
+            samples.append(self._save(case.label, name, {i: args[i].detach().clone() for i in outs}, base_seed, None))
+        return samples
+
+    def _timed(self, case: CaseSpec, fn, backend) -> tuple[list[dict], dict]:
+        rt, job = self.rt, self.job
+        base_seeds = [job.seed + 7919 * k for k in range(job.timing.input_sets)]
+        sets = [rt.make_args(case, s)[0] for s in base_seeds]
+        outs = rt.outputs(sets[0])
+        scales = [float_scales(a, set(outs)) for a in sets]  # of the base inputs, as the judge computes them
+        refresh: dict[int, int | None] = {k: None for k in range(len(sets))}
+        kept: dict[str, tuple[int, dict, int | None]] = {}  # name -> (set, outputs, refresh seed)
+        seen = 0
+        out_bytes = sum(sets[0][j].numel() * sets[0][j].element_size() for j in outs)
+        n_sampled = min(SAMPLED_CALLS, max(1, SAMPLED_BYTES // max(out_bytes, 1)))
+
+        def after(i: int, args: list) -> None:
+            # Outside the timed region: keep this call's output if it is to be checked,
+            # then poison the outputs and redraw the inputs so no call reuses an answer.
+            nonlocal seen
+            k = i % len(sets) if i >= 0 else (-1 - i) % len(sets)
+            if i >= 0:
+                seen += 1
+                out = {j: args[j].detach().clone() for j in outs}  # on the device: cheap; to host when saved
+                kept[f"last{k}"] = (k, out, refresh[k])
+                sampled = [key for key in kept if key.startswith("call")]
+                # keyed by the count of timed calls, not the loop index: a timing taken again
+                # (host_speed) restarts its loop, and must not overwrite an earlier call's output
+                if len(sampled) < n_sampled:
+                    kept[f"call{seen}"] = (k, out, refresh[k])
+                elif self.rng.random() < n_sampled / seen:  # reservoir sampling over all timed calls
+                    del kept[self.rng.choice(sampled)]
+                    kept[f"call{seen}"] = (k, out, refresh[k])
+            for j in outs:
+                poison(args[j])
+            refresh[k] = self.rng.getrandbits(40)
+            refresh_floats(args, refresh[k], scales[k])
+
+        for args in sets:
+            for j in outs:
+                poison(args[j])
+        timing = self.timer.eager(fn, sets, after=after)
+        samples = [self._save(case.label, f"timed-{name}", out, base_seeds[k], seed)
+                   for name, (k, out, seed) in kept.items()]
+        gpu, note = self.timer.gpu(fn, sets, capturable=getattr(backend, "graph_capturable", True))
+        return samples, {"timing": timing, "gpu": gpu, "gpu_note": note}

@@ -1,0 +1,200 @@
+"""Worker-side access to a task package: its config module, hooks, cases and inputs.
+
+Runs only inside worker processes (it imports torch and the package's code).
+The candidate process and the judge process both build a case's inputs through
+``make_args`` so that the same seed gives the same tensors in both.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import io
+import math
+import sys
+from contextlib import redirect_stdout
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Optional
+
+import torch
+
+from optagent.messages import CaseSpec
+from optagent.schema import CaseKind
+from optagent.task import Manifest, load_task
+
+COMPAT_DIR = Path(__file__).resolve().parent / "compat"
+
+
+def flash_attn_available() -> bool:
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def _load_module(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path}: cannot be loaded as a module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class TaskRuntime:
+    """A loaded task package: config module, hooks, and how to make each case."""
+
+    def __init__(self, task_dir: str, device: str):
+        self.task = load_task(task_dir)
+        self.device = device
+        self.manifest: Optional[Manifest] = self.task.manifest
+        self.standin = False
+        if not flash_attn_available():
+            # The baseline may import flash_attn; give it our PyTorch stand-in,
+            # on this process's path only, and say so in the results.
+            sys.path.append(str(COMPAT_DIR))
+            self.standin = True
+        problem_dir = self.task.config_path.parent
+        sys.path.insert(0, str(problem_dir))
+        self.config = _load_module(self.task.config_path, "testcase_config")
+        sys.path.remove(str(problem_dir))
+        missing = [f for f in ("getNumOfTestcases", "getTestCaseSize", "genTestCase", "baseline", "check")
+                   if not callable(getattr(self.config, f, None))]
+        if missing:
+            raise RuntimeError(
+                f"{self.task.config_path}: {', '.join(missing)} not defined after import "
+                "(did an import inside the module fail?)")
+        self.hooks: Optional[ModuleType] = None
+        if self.manifest and self.manifest.hooks:
+            self.hooks = _load_module(self.task.root / self.manifest.hooks, "optagent_task_hooks")
+
+    @property
+    def baseline_label(self) -> str:
+        declared = getattr(self.config, "BASELINE_LABEL", None)
+        if isinstance(declared, str) and declared:
+            return declared
+        uses_flash = "flash_attn" in self.task.config_path.read_text(encoding="utf-8")
+        if uses_flash and self.standin:
+            return "flash_attn_with_kvcache (optagent PyTorch stand-in: flash_attn not installed)"
+        return "testcase_config.baseline"
+
+    def num_cases(self) -> int:
+        return int(self.config.getNumOfTestcases())
+
+    def case_sizes(self, index: int) -> tuple[Any, tuple[int, int]]:
+        """getTestCaseSize for a 1-based case index, fed on stdin as the contest does."""
+        saved = sys.stdin
+        sys.stdin = io.StringIO(f"{index}\n")
+        try:
+            with redirect_stdout(io.StringIO()):
+                sizes, reps = self.config.getTestCaseSize()
+        finally:
+            sys.stdin = saved
+        return sizes, tuple(reps)
+
+    def make_args(self, case: CaseSpec, seed: Optional[int]) -> tuple[list, Any]:
+        """The run_kernel arguments of a case; seed None gives the package's own inputs.
+
+        Contest cases with a seed keep their metadata (ints, index tensors) and get
+        fresh float tensors; manifest cases are drawn anew by the hooks.
+        """
+        if case.kind is CaseKind.CONTEST:
+            sizes, _ = self.case_sizes(int(case.index or 1))
+            with redirect_stdout(io.StringIO()):
+                args = self._generate(sizes)
+            if seed is not None:
+                refresh_floats(args, seed, float_scales(args, set(self.outputs(args))))
+            return args, sizes
+        assert self.hooks is not None and case.params is not None
+        base = 0 if seed is None else seed
+        return list(self.hooks.make_case(dict(case.params), self.device, base)), None
+
+    def _generate(self, sizes) -> list:
+        """genTestCase(sizes, device); a genTestCase without a device parameter gets its tensors moved."""
+        gen = self.config.genTestCase
+        try:
+            params = inspect.signature(gen).parameters.values()
+            takes_device = len(params) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
+        except (TypeError, ValueError):
+            takes_device = True
+        if takes_device:
+            return list(gen(sizes, self.device))
+        return [a.to(self.device) if isinstance(a, torch.Tensor) else a for a in gen(sizes)]
+
+    def outputs(self, args: list) -> list[int]:
+        if self.manifest and self.manifest.outputs is not None:
+            return list(self.manifest.outputs)
+        if not hasattr(self, "_detected_outputs"):
+            self._detected_outputs = detect_outputs(self.config, args)
+        return self._detected_outputs
+
+    def describe(self, args: list) -> str:
+        if self.hooks is not None and hasattr(self.hooks, "describe"):
+            return str(self.hooks.describe(args))
+        shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+        return " ".join("x".join(map(str, s)) for s in shapes[:2])
+
+
+def float_scales(args: list, skip: set[int]) -> dict[int, float]:
+    """The spread of every floating input tensor, to redraw it at the same scale."""
+    scales = {}
+    for i, a in enumerate(args):
+        if i not in skip and isinstance(a, torch.Tensor) and a.is_floating_point():
+            std = float(a.float().std()) if a.numel() > 1 else 1.0
+            scales[i] = std if math.isfinite(std) and std > 0 else 1.0
+    return scales
+
+
+def refresh_floats(args: list, seed: int, scales: dict[int, float]) -> None:
+    """Redraw the floating input tensors in place from seed alone (not from their
+    current values), so the judge can rebuild any redraw from the seed and the
+    scales of the case's base inputs."""
+    for i, scale in scales.items():
+        a = args[i]
+        gen = torch.Generator(device=a.device)
+        gen.manual_seed(seed * 1000 + i)
+        fresh = torch.randn(a.shape, generator=gen, dtype=torch.float32, device=a.device)
+        a.copy_((fresh * scale).to(a.dtype))
+
+
+def clone_args(args: list) -> list:
+    return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (NaN == NaN here, unlike torch.equal)."""
+    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def run_baseline(config, args: list) -> list:
+    """The package's baseline on args, its outputs written into args.
+
+    The contest's baselines write in place and return the list; one that returns
+    new tensors instead has them copied into the arguments they replace.
+    """
+    with redirect_stdout(io.StringIO()):
+        ret = config.baseline(*args)
+    if isinstance(ret, (list, tuple)) and len(ret) == len(args):
+        for a, r in zip(args, ret):
+            if isinstance(a, torch.Tensor) and isinstance(r, torch.Tensor) and r is not a and r.shape == a.shape:
+                a.copy_(r)
+    return args
+
+
+def detect_outputs(config, args: list) -> list[int]:
+    """Output tensors are those the baseline writes: compare before and after."""
+    before = clone_args(args)
+    after = run_baseline(config, clone_args(args))
+    outs = [i for i, (a, b) in enumerate(zip(before, after)) if isinstance(a, torch.Tensor) and not same_bits(a, b)]
+    if not outs:
+        raise RuntimeError("the baseline wrote no tensor argument: cannot tell the outputs")
+    return outs
+
+
+def poison(t: torch.Tensor) -> None:
+    """Fill an output with values no correct kernel leaves behind."""
+    if t.is_floating_point():
+        t.fill_(float("nan"))
+    elif t.dtype == torch.bool:
+        t.fill_(True)
+    else:
+        t.fill_(torch.iinfo(t.dtype).min)
