@@ -16,15 +16,14 @@ Layout::
     lock                   flock()ed by the process driving the run: a run whose
                            state says RUNNING but whose lock is free was killed
 
-Every file is written atomically (temp file, fsync, rename), so SIGKILL at any
-moment leaves each file either old or new, never half-written. Every record is
-read through ``read_record``: a file damaged anyway (a full disk, a hand edit, a
-copy cut short) is a one-line RunError naming it, never a traceback.
+Every file goes through ``run_files``: written atomically, and read by one
+reader that turns damage into a one-line RunError naming the file.
+The loop reads a run once, when it starts or resumes (``trajectory.py``), then
+writes each step's files once.
 """
 
 from __future__ import annotations
 
-import difflib
 import fcntl
 import hashlib
 import os
@@ -32,75 +31,19 @@ import re
 import time
 from functools import cached_property
 from pathlib import Path
-from typing import Iterator, Optional, TypeVar
+from typing import Iterator, Optional
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from optagent.schema import EvalResult, Language, Proposal, RunConfig, RunState, Step
+from optagent.search import run_files
+# Re-exported: readers of runs (report, leaderboard, cli) import them from here.
+from optagent.search.run_files import RunError, atomic_write, ext, read_record, read_text, unified_diff
 
-M = TypeVar("M", bound=BaseModel)
+__all__ = ["RunError", "RunStore", "atomic_write", "ext", "list_runs", "new_run_id", "read_record", "read_text",
+           "runs_dir", "unified_diff"]
+
 LOCK_WAIT_S = 1.0  # a reader's probe holds the lock for microseconds; a driver waits that out
-
-
-class RunError(Exception):
-    """A run that cannot be opened or driven; the message is one line."""
-
-
-def _short(text: str, limit: int = 160) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def read_text(path: Path) -> str:
-    """A run's text file, or a RunError naming it."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise RunError(f"{path}: missing") from None
-    except OSError as e:
-        raise RunError(f"{path}: cannot read: {e.strerror or e}") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise RunError(f"{path}: not UTF-8 text (bad byte at offset {e.start}; damaged?)") from None
-
-
-def read_record(path: Path, model: type[M]) -> M:
-    """The one reader of a run's JSON records: damage becomes a one-line RunError naming the file."""
-    text = read_text(path)
-    if not text.strip():
-        raise RunError(f"{path}: empty file (truncated?)")
-    try:
-        return model.model_validate_json(text)
-    except ValidationError as e:
-        first = e.errors(include_url=False)[0]
-        if first["type"] == "json_invalid":
-            why = str(first.get("ctx", {}).get("error") or first["msg"])
-            hint = " (truncated?)" if "EOF" in why else ""
-            raise RunError(f"{path}: not valid JSON{hint}: {_short(why)}") from None
-        where = ".".join(str(x) for x in first["loc"])
-        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
-        raise RunError(f"{path}: not a valid {model.__name__} record: "
-                       f"{where + ': ' if where else ''}{_short(first['msg'])}{more}") from None
-
-
-def ext(language: Language) -> str:
-    return ".cu" if language is Language.CUDA else ".py"
-
-
-def atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def runs_dir(arg: Optional[str]) -> Path:
@@ -120,11 +63,6 @@ def new_run_id(task_name: str) -> str:
     return f"{stamp}-{re.sub(r'[^A-Za-z0-9_.-]', '_', task_name)}-{salt}"
 
 
-def unified_diff(a: str, b: str, a_name: str = "starter", b_name: str = "best") -> str:
-    return "".join(difflib.unified_diff(a.splitlines(keepends=True), b.splitlines(keepends=True),
-                                        fromfile=a_name, tofile=b_name))
-
-
 class RunStore:
     def __init__(self, path: Path):
         self.path = path
@@ -141,8 +79,8 @@ class RunStore:
         except OSError as e:
             raise RunError(f"{path}: cannot create the run's folder: {e.strerror or e}") from None
         store = cls(path)
-        atomic_write(path / "config.json", config.model_dump_json(indent=2))
-        atomic_write(path / f"starter{ext(config.language)}", starter)
+        run_files.atomic_write(path / "config.json", config.model_dump_json(indent=2))
+        run_files.atomic_write(path / f"starter{ext(config.language)}", starter)
         return store
 
     @classmethod
@@ -220,18 +158,18 @@ class RunStore:
             return None
         return int(text) if text.isdigit() else None
 
-    # -- reading ----------------------------------------------------------------
+    # -- reading: every file through run_files, the one reader ------------------
     @cached_property
     def config(self) -> RunConfig:  # written once, at creation
-        return read_record(self.path / "config.json", RunConfig)
+        return run_files.read_record(self.path / "config.json", RunConfig)
 
     def state(self) -> Optional[RunState]:
         p = self.path / "state.json"
-        return read_record(p, RunState) if p.exists() else None
+        return run_files.read_record(p, RunState) if p.exists() else None
 
-    @property
-    def starter(self) -> str:
-        return read_text(self.path / f"starter{ext(self.config.language)}")
+    @cached_property
+    def starter(self) -> str:  # written once, at creation
+        return run_files.read_text(self.path / f"starter{ext(self.config.language)}")
 
     def step_dir(self, index: int) -> Path:
         return self.path / "steps" / f"{index:04d}"
@@ -240,29 +178,32 @@ class RunStore:
         return sorted(d for d in (self.path / "steps").glob("[0-9]*") if d.name.isdigit() and d.is_dir())
 
     def steps(self) -> list[Step]:
-        return [read_record(d / "step.json", Step) for d in self._step_dirs() if (d / "step.json").is_file()]
+        return [run_files.read_record(d / "step.json", Step) for d in self._step_dirs() if (d / "step.json").is_file()]
 
     def step_source(self, index: int) -> Optional[str]:
-        files = list(self.step_dir(index).glob("candidate.*"))
-        return read_text(files[0]) if files else None
+        found = list(self.step_dir(index).glob("candidate.*"))
+        return run_files.read_text(found[0]) if found else None
 
     def proposal(self, index: int) -> Optional[Proposal]:
         p = self.step_dir(index) / "proposal.json"
-        return read_record(p, Proposal) if p.exists() else None
+        return run_files.read_record(p, Proposal) if p.exists() else None
+
+    def unfinished_steps(self) -> list[tuple[int, Proposal]]:
+        """Steps whose proposal was saved but whose evaluation never finished, in order."""
+        return [(int(d.name), run_files.read_record(d / "proposal.json", Proposal)) for d in self._step_dirs()
+                if not (d / "step.json").exists() and (d / "proposal.json").exists()]
 
     def unfinished(self) -> Optional[tuple[int, Proposal]]:
-        """A step whose proposal was saved but whose evaluation never finished."""
-        for d in self._step_dirs():
-            if not (d / "step.json").exists() and (d / "proposal.json").exists():
-                return int(d.name), read_record(d / "proposal.json", Proposal)
-        return None
+        """The first step whose proposal was saved but whose evaluation never finished."""
+        pending = self.unfinished_steps()
+        return pending[0] if pending else None
 
     def best(self) -> Optional[tuple[str, EvalResult]]:
-        files = list((self.path / "best").glob("kernel.*"))
+        kernels = list((self.path / "best").glob("kernel.*"))
         res = self.path / "best" / "result.json"
-        if not files or not res.exists():
+        if not kernels or not res.exists():
             return None
-        return read_text(files[0]), read_record(res, EvalResult)
+        return run_files.read_text(kernels[0]), run_files.read_record(res, EvalResult)
 
     def damage(self) -> list[RunError]:
         """Every damaged record of the run (each named), for listings that go on past one."""
@@ -271,9 +212,9 @@ class RunStore:
         def check(path: Path, model: Optional[type[BaseModel]] = None) -> None:
             try:
                 if model:
-                    read_record(path, model)
+                    run_files.read_record(path, model)
                 else:
-                    read_text(path)
+                    run_files.read_text(path)
             except RunError as e:
                 found.append(e)
 
@@ -291,33 +232,34 @@ class RunStore:
                     check(d / name, model)
         return found
 
-    # -- writing ----------------------------------------------------------------
+    # -- writing: every file through run_files.atomic_write -----------------------
+    def save_candidate(self, index: int, source: str, language: Language) -> None:
+        run_files.atomic_write(self.step_dir(index) / f"candidate{ext(language)}", source)
+
     def save_proposal(self, index: int, proposal: Proposal, language: Language) -> None:
-        d = self.step_dir(index)
-        if proposal.source is not None:
-            atomic_write(d / f"candidate{ext(language)}", proposal.source)
-        atomic_write(d / "proposal.json", proposal.model_dump_json(indent=2))
+        if proposal.source is not None:  # first: a saved proposal always has its candidate beside it
+            self.save_candidate(index, proposal.source, language)
+        run_files.atomic_write(self.step_dir(index) / "proposal.json", proposal.model_dump_json(indent=2))
 
     def save_step(self, step: Step) -> None:
         d = self.step_dir(step.index)
         if step.result is not None:
-            atomic_write(d / "result.json", step.result.model_dump_json(indent=2))
-        atomic_write(d / "step.json", step.model_dump_json(indent=2))
+            run_files.atomic_write(d / "result.json", step.result.model_dump_json(indent=2))
+        run_files.atomic_write(d / "step.json", step.model_dump_json(indent=2))  # last: the step is finished
 
     def save_best(self, source: str, result: EvalResult) -> None:
         language = self.config.language
         d = self.path / "best"
-        atomic_write(d / f"kernel{ext(language)}", source)
-        atomic_write(d / "result.json", result.model_dump_json(indent=2))
-        atomic_write(d / "diff.patch", unified_diff(self.starter, source, f"starter{ext(language)}",
-                                                    f"best{ext(language)}"))
+        run_files.atomic_write(d / f"kernel{ext(language)}", source)
+        run_files.atomic_write(d / "result.json", result.model_dump_json(indent=2))
+        run_files.atomic_write(d / "diff.patch", unified_diff(self.starter, source, f"starter{ext(language)}",
+                                                              f"best{ext(language)}"))
 
     def save_state(self, state: RunState) -> None:
-        atomic_write(self.path / "state.json", state.model_dump_json(indent=2))
+        run_files.atomic_write(self.path / "state.json", state.model_dump_json(indent=2))
 
 
 def list_runs(root: Path) -> Iterator[RunStore]:
     if not root.is_dir():
         return iter(())
     return (RunStore(p) for p in sorted(root.iterdir()) if (p / "config.json").is_file())
-
