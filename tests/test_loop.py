@@ -326,3 +326,26 @@ def test_offline_planner_finds_strategies_for_the_decode_family(task_dir):
         pytest.skip("no strategies in the library yet")
     ctx = PlannerContext("t", "t", "", "", Language.TRITON, "starter", "starter", None)
     assert planner.propose(ctx).idea.startswith("strategy ")
+
+
+def test_resume_reevaluates_an_unfinished_step_behind_the_last(make_run):
+    """A step record lost behind later ones (a hand edit) is evaluated again in its place; the totals and
+    the next index follow the steps, and a candidate file lost with it is written back from the proposal."""
+    from optagent.search.trajectory import Trajectory
+
+    ev = ScriptedEvaluator({"starter": [100.0], "a": [50.0], "b": [120.0], "c": [130.0], "d": [140.0]})
+    store, loop = make_run(ScriptedPlanner(["a", "b", "c"]), ev)
+    loop.run()
+    (store.step_dir(2) / "step.json").unlink()
+    (store.step_dir(2) / "result.json").unlink()
+    (store.step_dir(2) / "candidate.py").unlink()
+    assert store.unfinished()[0] == 2
+    loop2 = Loop(store, loop.task, ScriptedPlanner(["d"]), ev, Limits())
+    state = loop2.run()
+    steps = store.steps()
+    assert [s.index for s in steps] == [0, 1, 2, 3, 4] and steps[2].idea == "try b" and steps[4].idea == "try d"
+    assert store.step_source(2) == "b" and store.unfinished() is None
+    assert state.steps == 5 and state.best_step == 1 and state.usage.prompt_tokens == 40
+    mem, disk = loop2.trajectory, Trajectory.load(store)
+    assert [s.index for s in mem.steps] == [0, 1, 2, 3, 4] and mem.steps == disk.steps
+    assert mem.sources == disk.sources and mem.streak == disk.streak == 3 and mem.usage == disk.usage

@@ -1,8 +1,11 @@
 """propose -> evaluate -> record -> accept, until something says stop.
 
-Stop conditions are exceptions; the trajectory is saved after every step, and
-a step is recorded only once its evaluation is complete, so a killed run
-resumes by evaluating its unfinished step again.
+Stop conditions are exceptions. The run is read once, when the loop starts
+(trajectory.py); from then on the loop works from memory and writes each step's
+files once: its proposal when proposed, the best kernel when the best changes,
+then the step record (last: a step is recorded only once its evaluation is
+complete, so a killed run resumes by evaluating its unfinished step again) and
+the run's state.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from optagent.progress import Phase, Progress, ProgressSink, Subject, stamped
-from optagent.protocols import Evaluator, GpuFacts, Planner, PlannerContext, PlannerExhausted, redact
-from optagent.schema import EvalResult, Proposal, RunState, RunStatus, Step, StepOutcome, Usage, now
+from optagent.protocols import Evaluator, Planner, PlannerContext, PlannerExhausted
+from optagent.schema import EvalResult, Proposal, RunState, RunStatus, Step, StepOutcome, now
 from optagent.search.store import RunStore
+from optagent.search.trajectory import Best, Trajectory
 from optagent.task import TaskPackage
 
 
@@ -83,22 +87,28 @@ class Loop:
         self.limits, self.on_step, self.progress = limits, on_step, progress
         self.config = store.config
         self.started = time.monotonic()
+        self.trajectory: Optional[Trajectory] = None  # read in run()
 
     def run(self) -> RunState:
-        steps = self.store.steps()
+        traj = self.trajectory = Trajectory.load(self.store)
         state = self.store.state() or RunState(status=RunStatus.RUNNING, steps=0)
-        state = state.model_copy(update={"status": RunStatus.RUNNING, "reason": None})
+        # the totals follow the steps: a kill between a step's record and the state's leaves the state behind
+        state = state.model_copy(update={"status": RunStatus.RUNNING, "reason": None, **self._totals()})
+        for index, proposal in traj.unfinished:
+            if proposal.source is not None and self.store.step_source(index) is None:  # removed by hand
+                self.store.save_candidate(index, proposal.source, self.config.language)
         failures, last_failure = 0, ""  # consecutive planner errors
         try:
-            if not steps:
-                self._record(self._evaluate(0, Proposal(source=self.store.starter, idea="the starter kernel")), state)
+            if not traj.steps:
+                traj.unfinished = [p for p in traj.unfinished if p[0] != 0]  # the starter is proposed afresh
+                state = self._step(0, Proposal(source=traj.starter, idea="the starter kernel"), state, saved=False)
             while True:
                 self._check_limits(state)
-                pending = self.store.unfinished()
-                if pending:  # killed mid-evaluation: evaluate the same proposal again
-                    index, proposal = pending
+                if traj.unfinished:  # killed mid-evaluation: evaluate the same proposal again
+                    index, proposal = traj.unfinished.pop(0)
+                    state = self._step(index, proposal, state, saved=True)
                 else:
-                    index = len(self.store.steps())
+                    index = traj.next_index
                     if self.progress:
                         self.progress(Progress(phase=Phase.PROPOSING, step=index))
                     try:
@@ -109,8 +119,7 @@ class Loop:
                     except Exception as e:  # an endpoint that fails is a recorded step, not a crash
                         failures, last_failure = failures + 1, f"{type(e).__name__}: {e}"
                         proposal = Proposal(idea="(planner failed)", error=f"planner failed: {last_failure}")
-                    self.store.save_proposal(index, proposal, self.config.language)
-                self._record(self._evaluate(index, proposal), state)
+                    state = self._step(index, proposal, state, saved=False)
                 if failures >= self.limits.planner_failures:
                     raise PlannerFailed(f"the planner failed {failures} times in a row, last: "
                                         f"{_first_line(last_failure)}")
@@ -119,14 +128,20 @@ class Loop:
         except KeyboardInterrupt:
             status = RunStatus.INTERRUPTED
             reason = f"stopped by Ctrl-C; optagent resume {self.store.path.name} continues it"
-        if status is not RunStatus.INTERRUPTED and self.store.best() is None:
+        if status is not RunStatus.INTERRUPTED and traj.best is None:
             status, reason = RunStatus.FAILED, self._nothing_passed(reason)
-        self.store.save_state(state.model_copy(update={"status": status, "reason": reason, "updated_at": now()}))
-        return self.store.state() or state
+        state = state.model_copy(update={"status": status, "reason": reason, **self._totals(), "updated_at": now()})
+        self.store.save_state(state)
+        return state
+
+    def _step(self, index: int, proposal: Proposal, state: RunState, saved: bool) -> RunState:
+        if not saved:
+            self.store.save_proposal(index, proposal, self.config.language)
+        return self._record(self._evaluate(index, proposal), proposal.source, state)
 
     def _nothing_passed(self, stopped: str) -> str:
         """Why a run without a single passing kernel failed: the starter's verdict first."""
-        steps = self.store.steps()
+        steps = self.trajectory.steps
         starter = next((s for s in steps if s.index == 0), None)
         if starter is None:
             why = "the starter was not evaluated"
@@ -134,61 +149,56 @@ class Loop:
             why = f"the starter failed: {starter.result.status.value}: {_first_line(starter.result.reason)}"
         else:
             why = f"the starter failed: {_first_line(starter.error)}"
-        tried = sum(1 for s in steps if s.index > 0)
+        tried = self.trajectory.candidates
         after = f"; nor did the {tried} candidate(s) after it" if tried else ""
         return f"no kernel passed: {why}{after} (stopped: {stopped})"
 
     def _check_limits(self, state: RunState) -> None:
-        done = [s for s in self.store.steps() if s.index > 0]
-        if len(done) >= self.limits.max_steps:
-            raise MaxSteps(f"--max-steps {self.limits.max_steps}: {len(done)} candidate(s) after the starter")
+        done = self.trajectory.candidates
+        if done >= self.limits.max_steps:
+            raise MaxSteps(f"--max-steps {self.limits.max_steps}: {done} candidate(s) after the starter")
         if self.limits.time_limit_s and time.monotonic() - self.started >= self.limits.time_limit_s:
             raise TimeLimit(f"--time-limit {self.limits.time_limit_s:g} s reached")
         if self.limits.budget_usd is not None and state.usage.cost_usd >= self.limits.budget_usd:
             raise Budget(f"--budget-usd {self.limits.budget_usd:g}: ${state.usage.cost_usd:.2f} spent")
-        streak = 0
-        for s in reversed(done):
-            if s.outcome is StepOutcome.ACCEPTED:
-                break
-            streak += 1
+        streak = self.trajectory.streak
         if streak >= self.limits.patience:
             raise Converged(f"no gain >= {self.limits.min_gain:.0%} in {streak} steps")
 
     def _context(self, index: int) -> PlannerContext:
-        best = self.store.best()
-        attempts = [redact(s, self.store.step_source(s.index)) for s in self.store.steps()]
-        gpu = None
-        last = next((s.result for s in reversed(self.store.steps()) if s.result and s.result.gpu), None)
-        if last is not None and last.gpu:
-            gpu = GpuFacts(**last.gpu)
+        traj = self.trajectory
         language = self.config.language
         return PlannerContext(
             task_name=self.task.name, title=self.task.title, statement=self.task.statement,
-            contract=self.task.contracts.get(language, ""), language=language, starter_source=self.store.starter,
-            best_source=best[0] if best else self.store.starter, best_result=best[1] if best else None,
-            attempts=attempts, gpu=gpu, step_index=index)
+            contract=self.task.contracts.get(language, ""), language=language, starter_source=traj.starter,
+            best_source=traj.best.source if traj.best else traj.starter,
+            best_result=traj.best.result if traj.best else None,
+            attempts=list(traj.attempts), gpu=traj.gpu_facts(), step_index=index)
 
     def _evaluate(self, index: int, proposal: Proposal) -> Step:
         started = now()
         base = dict(index=index, started_at=started, idea=proposal.idea, usage=proposal.usage)
         if proposal.source is None:
             return Step(**base, finished_at=now(), outcome=StepOutcome.NO_KERNEL, error=proposal.error)
-        self.store.save_proposal(index, proposal, self.config.language)
         language = self.config.language
         result = self.evaluator.evaluate(proposal.source, language, progress=stamped(self.progress, step=index))
         sha = result.source_sha256
-        best = self.store.best()
+        best = self.trajectory.best
         if not result.status.ok:
             outcome, note = StepOutcome.FAILED, None
         elif best is None:
             outcome, note = (StepOutcome.BASELINE if index == 0 else StepOutcome.ACCEPTED), None
-            self.store.save_best(proposal.source, result)
+            self._save_best(proposal.source, result)
         else:
             outcome, note, result = self._compare(best, proposal.source, result, index)
         return Step(**base, finished_at=now(), outcome=outcome, candidate_sha256=sha, result=result,
                     retime_note=note, error=result.reason if not result.status.ok else None)
 
-    def _compare(self, best: tuple[str, EvalResult], source: str, result: EvalResult, index: int):
+    def _save_best(self, source: str, result: EvalResult) -> None:
+        self.store.save_best(source, result)
+        self.trajectory.best = Best(source, result)
+
+    def _compare(self, best: Best, source: str, result: EvalResult, index: int):
         """Noise-aware acceptance: faster by more than the spread, re-timed back to back."""
         best_source, best_result = best
         t_best, t_new = best_result.geomean_time_us, result.geomean_time_us
@@ -197,7 +207,7 @@ class Loop:
             return StepOutcome.NOT_BETTER, None, result
         spread = max(noise(best_result), noise(result))
         if gain > max(CLEAR_GAIN, 3 * spread):
-            self.store.save_best(source, result)
+            self._save_best(source, result)
             return StepOutcome.ACCEPTED, (f"gain {gain:+.1%} over the incumbent's recorded timing, far above the "
                                           f"noise ({spread:.1%}): not re-timed"), result
         language = self.config.language
@@ -216,26 +226,27 @@ class Loop:
             note = (f"re-timed back to back: incumbent {again_best.geomean_time_us:.1f} us, candidate "
                     f"{again_new.geomean_time_us:.1f} us (geomean), gain {gain:+.1%}, noise {spread:.1%}")
             if gain > max(self.limits.min_gain, spread):
-                self.store.save_best(source, again_new)
+                self._save_best(source, again_new)
                 return StepOutcome.ACCEPTED, note, again_new
             outcome, kept = StepOutcome.NOT_BETTER, again_new
         if fresh:
             # The incumbent stays; its record becomes this timing, side by side with the candidate's: a
             # record taken on a slow stretch of the host would let a later candidate that is no faster
             # clear CLEAR_GAIN against it unchecked (and shows a best slower than the candidates that lost).
-            self.store.save_best(best_source, again_best)
+            self._save_best(best_source, again_best)
         return outcome, note, kept
 
-    def _record(self, step: Step, state: RunState) -> None:
+    def _totals(self) -> dict:
+        traj = self.trajectory
+        return dict(steps=len(traj.steps), best_step=traj.best_step, usage=traj.usage,
+                    best_geomean_speedup=traj.best_speedup)
+
+    def _record(self, step: Step, source: Optional[str], state: RunState) -> RunState:
+        """The step's record, written once (after the best's files), then the run's state that follows it."""
+        step = step.model_copy(update={"best_geomean_speedup": self.trajectory.best_speedup})
         self.store.save_step(step)
-        best = self.store.best()
-        steps = self.store.steps()
-        best_step = next((s.index for s in reversed(steps) if s.outcome in (StepOutcome.ACCEPTED, StepOutcome.BASELINE)), None)
-        usage = sum((s.usage for s in steps), Usage())
-        upd = dict(steps=len(steps), best_step=best_step, usage=usage, updated_at=now(),
-                   best_geomean_speedup=best[1].geomean_speedup if best else None)
-        state.__dict__.update(upd)  # the caller's state object follows the disk
+        self.trajectory.add(step, source)
+        state = state.model_copy(update={**self._totals(), "updated_at": now()})
         self.store.save_state(state)
-        step = step.model_copy(update={"best_geomean_speedup": upd["best_geomean_speedup"]})
-        self.store.save_step(step)
         self.on_step(step, state)
+        return state

@@ -1,0 +1,87 @@
+"""What the loop knows of its run: read from the store once, then kept in step with what the loop writes.
+
+The planner's context, the stop conditions and the run's summary come from here, so a step costs
+the same whether it is the 5th or the 1000th: nothing is re-read from disk after the run starts.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import NamedTuple, Optional
+
+from optagent.protocols import Attempt, GpuFacts, redact
+from optagent.schema import EvalResult, Proposal, Step, StepOutcome, Usage
+from optagent.search.store import RunStore
+
+KEEPS_BEST = (StepOutcome.ACCEPTED, StepOutcome.BASELINE)
+
+
+class Best(NamedTuple):
+    source: str
+    result: EvalResult  # its latest timing: re-timed side by side with a candidate, it replaces the first
+
+
+class Trajectory:
+    """The finished steps in index order, each one's source, the best kernel and the running totals."""
+
+    def __init__(self, starter: str, best: Optional[Best] = None,
+                 unfinished: Optional[list[tuple[int, Proposal]]] = None):
+        self.starter = starter
+        self.best = best
+        self.unfinished = list(unfinished or [])  # proposals saved, never evaluated: evaluated first on resume
+        self._reset()
+
+    def _reset(self) -> None:
+        self.steps: list[Step] = []
+        self.sources: dict[int, Optional[str]] = {}
+        self.attempts: list[Attempt] = []  # as the planner sees them, redacted once per step
+        self.usage = Usage()
+        self.best_step: Optional[int] = None
+        self.candidates = 0  # steps after the starter
+        self.streak = 0  # candidates since the last accepted one
+        self.gpu: Optional[dict] = None  # the latest measured device's facts
+
+    @classmethod
+    def load(cls, store: RunStore) -> "Trajectory":
+        """The one read of a run's steps, sources and best; damage is a RunError naming the file."""
+        best = store.best()
+        traj = cls(store.starter, Best(*best) if best else None, store.unfinished_steps())
+        for step in store.steps():
+            traj.add(step, store.step_source(step.index))
+        return traj
+
+    def add(self, step: Step, source: Optional[str]) -> None:
+        """A finished step, as just written to the store."""
+        if self.steps and step.index <= self.steps[-1].index:
+            # re-evaluated behind the last step (a gap made by hand): rare, so the totals are recounted
+            kept = [(s, self.sources[s.index]) for s in self.steps if s.index != step.index]
+            kept.insert(bisect.bisect([s.index for s, _ in kept], step.index), (step, source))
+            self._reset()
+            for s, src in kept:
+                self._append(s, src)
+        else:
+            self._append(step, source)
+
+    def _append(self, step: Step, source: Optional[str]) -> None:
+        self.steps.append(step)
+        self.sources[step.index] = source
+        self.attempts.append(redact(step, source))
+        self.usage = self.usage + step.usage
+        if step.outcome in KEEPS_BEST:
+            self.best_step = step.index
+        if step.index > 0:
+            self.candidates += 1
+            self.streak = 0 if step.outcome is StepOutcome.ACCEPTED else self.streak + 1
+        if step.result is not None and step.result.gpu:
+            self.gpu = step.result.gpu
+
+    @property
+    def next_index(self) -> int:
+        return len(self.steps)
+
+    @property
+    def best_speedup(self) -> Optional[float]:
+        return self.best.result.geomean_speedup if self.best else None
+
+    def gpu_facts(self) -> Optional[GpuFacts]:
+        return GpuFacts(**self.gpu) if self.gpu else None
