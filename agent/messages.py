@@ -2,18 +2,29 @@
 
 The answer travels on a private pipe whose file descriptor only the worker's
 harness knows; every message carries the per-run nonce. The candidate's own
-stdout and stderr go to log files and are never parsed.
+stdout and stderr go to log files and are never parsed. Each message kind is a
+model of one union: a line that is not one of them, exactly, is not the harness's.
 """
 
 from __future__ import annotations
 
-import json
+import enum
 import os
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional, TypeVar, Union
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from optagent.schema import CaseKind, Language, Record
+from optagent.schema import CaseKind, Language, Record, Status, Timing
+
+
+class Phase(str, enum.Enum):
+    PROPOSING = "proposing"  # the planner writes the next kernel (an LLM call can take minutes)
+    STARTING = "starting"  # a worker process starts and loads the task package
+    BASELINE = "baseline"  # timing the task's baseline, case by case
+    COMPILING = "compiling"
+    CASE = "case"  # running and checking the kernel on a case
+    TIMING = "timing"  # timing the kernel on a case
+    JUDGING = "judging"  # the trusted judge checks the saved outputs
 
 
 class CaseSpec(Record):
@@ -31,6 +42,22 @@ class TimingSpec(Record):
     warmup: int = 10  # GPU clocks and caches settle before the first timed call
 
 
+class Part(BaseModel):
+    """A piece of a message: strict, so that a line with anything unexpected is not the harness's."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+
+class Sample(Part):
+    """One saved output of the candidate, and the seeds the judge rebuilds its inputs from."""
+
+    name: str
+    base_seed: Optional[int] = None
+    refresh_seed: Optional[int] = None
+    file: str
+    sha256: str
+
+
 class Job(Record):
     mode: Literal["candidate", "judge", "probe"]
     task_dir: str
@@ -45,8 +72,158 @@ class Job(Record):
     compiler: Optional[list[str]] = None
     compile_timeout_s: float = 180.0
     outputs_dir: Optional[str] = None  # where the candidate saves outputs for the judge
-    samples: dict[str, list[dict]] = Field(default_factory=dict)  # judge: saved outputs per case
+    samples: dict[str, list[Sample]] = Field(default_factory=dict)  # judge: saved outputs per case
     source_fp8: bool = False  # judge: the candidate's source names an fp8 type (interpreter_faults)
+
+
+class Message(Part):
+    nonce: str = ""  # Channel.send stamps the run's nonce
+
+
+class DeviceFacts(Part):
+    name: str
+    sm_count: Optional[int] = None
+    l2_mb: Optional[float] = None
+    bandwidth_gbs: Optional[float] = None
+
+
+class Hello(Message):
+    type: Literal["hello"] = "hello"
+    baseline_label: str
+    device_name: str
+    gpu: Optional[DeviceFacts] = None
+
+
+class PhaseStarted(Message):
+    """For live progress only: verdicts never rest on it."""
+
+    type: Literal["phase"] = "phase"
+    phase: Phase
+    case: Optional[str] = None
+
+
+class Baseline(Message):
+    type: Literal["baseline"] = "baseline"
+    case: str
+    timing: Timing
+    sizes: str
+
+
+class Compiled(Message):
+    """The kernel's preparation: PASSED, or why it cannot run at all."""
+
+    type: Literal["compile"] = "compile"
+    status: Status
+    reason: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _reasoned(self) -> "Compiled":
+        if self.status is not Status.PASSED and not self.reason:
+            raise ValueError(f"compile status {self.status.value} needs a reason")
+        return self
+
+
+class CaseStart(Message):
+    type: Literal["case_start"] = "case_start"
+    case: str
+
+
+class CaseRan(Message):
+    """The kernel ran on the case (a claim: the judge checks the samples); hidden cases are not timed."""
+
+    type: Literal["case_ran"] = "case_ran"
+    case: str
+    samples: list[Sample]
+    load_ms: float
+    timing: Optional[Timing] = None  # eager
+    gpu: Optional[Timing] = None  # CUDA-graph replay (or events)
+    gpu_note: Optional[str] = None
+
+
+class CaseFailed(Message):
+    type: Literal["case_failed"] = "case_failed"
+    case: str
+    status: Status
+    reason: str
+
+    @model_validator(mode="after")
+    def _failed(self) -> "CaseFailed":
+        if self.status is Status.PASSED:
+            raise ValueError("a failed case cannot be PASSED")
+        return self
+
+
+class Integrity(Message):
+    type: Literal["integrity"] = "integrity"
+    reason: str
+
+
+class Finding(Part):
+    """What the judge found comparing outputs with its reference."""
+
+    status: Status
+    reason: Optional[str] = None
+    rel_err: Optional[float] = None
+    max_abs_err: Optional[float] = None
+    tolerance: Optional[float] = None
+
+    @model_validator(mode="after")
+    def _reasoned(self) -> "Finding":
+        if self.status is not Status.PASSED and not self.reason:
+            raise ValueError(f"finding {self.status.value} needs a reason")
+        return self
+
+
+class Verdict(Finding, Message):
+    """The judge's word on one case."""
+
+    type: Literal["verdict"] = "verdict"
+    case: str
+    floor_us: Optional[float] = None  # bytes moved / measured bandwidth
+    compute_floor_us: Optional[float] = None
+
+
+class ProbedCase(Part):
+    index: int
+    sizes: list[list[int]]
+    warmup: int
+    iters: int
+    elements: int
+
+
+class ProbedExtra(Part):
+    """A manifest (smoke or hidden) case, generated and referenced once."""
+
+    label: str
+    sizes: str
+    bytes: Optional[int] = None
+
+
+class Probed(Message):
+    type: Literal["probe"] = "probe"
+    cases: list[ProbedCase]
+    outputs: list[int]
+    baseline_label: str
+    probed_case: int
+    extra: list[ProbedExtra] = Field(default_factory=list)
+
+
+class WorkerError(Message):
+    """The worker's own code raised (the candidate's exceptions reach here too)."""
+
+    type: Literal["error"] = "error"
+    error: str
+    traceback: str = ""
+
+
+class Done(Message):
+    type: Literal["done"] = "done"
+
+
+AnyMessage = Annotated[Union[Hello, PhaseStarted, Baseline, Compiled, CaseStart, CaseRan, CaseFailed, Integrity,
+                             Verdict, Probed, WorkerError, Done], Field(discriminator="type")]
+_MESSAGE: TypeAdapter[AnyMessage] = TypeAdapter(AnyMessage)
+M = TypeVar("M", bound=Message)
 
 
 class Channel:
@@ -56,34 +233,30 @@ class Channel:
         self._fd = fd
         self._nonce = nonce
 
-    def send(self, kind: str, **payload) -> None:
-        line = json.dumps({"nonce": self._nonce, "type": kind, **payload}, default=str) + "\n"
-        data = line.encode()
+    def send(self, message: Message) -> None:
+        data = message.model_copy(update={"nonce": self._nonce}).model_dump_json().encode() + b"\n"
         while data:
             n = os.write(self._fd, data)
             data = data[n:]
 
 
-def parse_line(line: bytes, nonce: str) -> Optional[dict]:
-    """One line of the pipe as a message of this run, or None."""
+def parse_line(line: bytes | str, nonce: str) -> Optional[Message]:
+    """One line of the pipe as a message of this run, or None (not JSON, not a message, another nonce)."""
     try:
-        msg = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        msg = _MESSAGE.validate_json(line)
+    except (ValidationError, ValueError):
         return None
-    return msg if isinstance(msg, dict) and msg.get("nonce") == nonce else None
+    return msg if msg.nonce == nonce else None
 
 
-def parse_messages(raw: bytes, nonce: str) -> tuple[list[dict], int]:
+def parse_messages(raw: bytes, nonce: str) -> tuple[list[Message], int]:
     """Messages from the pipe, and how many lines were not the harness's (forged or garbled)."""
-    out, dropped = [], 0
+    out: list[Message] = []
+    dropped = 0
     for line in raw.decode(errors="replace").splitlines():
-        try:
-            msg = json.loads(line)
-        except json.JSONDecodeError:
+        msg = parse_line(line, nonce)
+        if msg is None:
             dropped += 1
-            continue
-        if isinstance(msg, dict) and msg.get("nonce") == nonce:
-            out.append(msg)
         else:
-            dropped += 1
+            out.append(msg)
     return out, dropped

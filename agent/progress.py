@@ -12,18 +12,8 @@ from __future__ import annotations
 import enum
 from typing import Optional, Protocol
 
-from optagent.messages import CaseSpec
+from optagent.messages import CaseSpec, CaseStart, Message, Phase, PhaseStarted
 from optagent.schema import CaseKind, Record
-
-
-class Phase(str, enum.Enum):
-    PROPOSING = "proposing"  # the planner writes the next kernel (an LLM call can take minutes)
-    STARTING = "starting"  # a worker process starts and loads the task package
-    BASELINE = "baseline"  # timing the task's baseline, case by case
-    COMPILING = "compiling"
-    CASE = "case"  # running and checking the kernel on a case
-    TIMING = "timing"  # timing the kernel on a case
-    JUDGING = "judging"  # the trusted judge checks the saved outputs
 
 
 class Subject(str, enum.Enum):
@@ -70,20 +60,15 @@ class PipeRelay:
         self.judged = [c.label for c in ran]
         self.sink(Progress(phase=Phase.JUDGING, total=len(ran)))
 
-    def __call__(self, msg: dict) -> None:
-        kind = msg.get("type")
-        if kind == "case_start":
-            phase = Phase.CASE
-        elif kind == "phase":
-            try:
-                phase = Phase(msg.get("phase"))
-            except ValueError:
-                return
+    def __call__(self, msg: Message) -> None:
+        if isinstance(msg, CaseStart):
+            phase, case = Phase.CASE, msg.case
+        elif isinstance(msg, PhaseStarted):
+            phase, case = msg.phase, msg.case
         else:
             return
-        case = msg.get("case")
         labels = {Phase.BASELINE: self.timed, Phase.JUDGING: self.judged}.get(phase, self.all)
-        index = labels.index(case) + 1 if isinstance(case, str) and case in labels else None
+        index = labels.index(case) + 1 if case in labels else None
         self.sink(Progress(phase=phase, case=case if index else None, index=index,
                            total=len(labels) if index else None))
 

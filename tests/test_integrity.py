@@ -453,7 +453,7 @@ def gpu_run(task, name: str, labels=("1",), scan: bool = True, timeout: float = 
 
 
 def task_cases(task) -> int:
-    return evaluator_module.probe_task(task)["cases"].__len__()
+    return len(evaluator_module.probe_task(task).cases)
 
 
 @pytest.mark.gpu

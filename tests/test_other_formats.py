@@ -90,7 +90,7 @@ def test_loads_and_probes(axpy):
     task = load_task(axpy)
     assert task.manifest is None and task.starter(Language.TRITON).source.startswith("import triton")
     found = probe_task(task)
-    assert len(found["cases"]) == 2 and found["outputs"] == [2]  # told by what the baseline returns
+    assert len(found.cases) == 2 and found.outputs == [2]  # told by what the baseline returns
 
 
 def test_evaluates_on_named_cases(axpy):

@@ -128,7 +128,10 @@ def test_probe_is_cached_for_evaluations_not_for_validation(task_dir, tmp_path, 
     monkeypatch.setenv("OPTAGENT_CACHE", str(tmp_path))
     task = load_task(task_dir)
     first = probe_task(task, cached=True)
-    assert len(first["cases"]) == 12 and list(tmp_path.glob("probe/*.json"))
-    (next(tmp_path.glob("probe/*.json"))).write_text('{"cases": [], "marker": 1}')
-    assert probe_task(task, cached=True)["cases"] == []  # served from the cache
-    assert len(probe_task(task)["cases"]) == 12  # validation always runs the package's code
+    assert len(first.cases) == 12 and list(tmp_path.glob("probe/*.json"))
+    cached = next(tmp_path.glob("probe/*.json"))
+    cached.write_text(first.model_copy(update={"cases": []}).model_dump_json())
+    assert probe_task(task, cached=True).cases == []  # served from the cache
+    assert len(probe_task(task).cases) == 12  # validation always runs the package's code
+    cached.write_text('{"cases": [], "marker": 1}')  # not a probe (an older format): probed again
+    assert len(probe_task(task, cached=True).cases) == 12

@@ -55,14 +55,14 @@ def cmd_task_validate(a) -> int:
     con = human_console(a)
     if a.json:
         print_json({"task": task.name, "dir": str(task.root), "title": task.title,
-                    "languages": [lang.value for lang in task.languages], "cases": len(found["cases"]),
-                    "outputs": found["outputs"], "smoke": len(task.manifest.smoke) if task.manifest else 0,
+                    "languages": [lang.value for lang in task.languages], "cases": len(found.cases),
+                    "outputs": found.outputs, "smoke": len(task.manifest.smoke) if task.manifest else 0,
                     "hidden": len(task.manifest.hidden) if task.manifest else 0,
-                    "baseline_label": found["baseline_label"]})
+                    "baseline_label": found.baseline_label})
     langs = ", ".join(lang.value for lang in task.languages) or "none"
-    con.print(f"[green]ok[/] {task.root}: {task.title!r}, {len(found['cases'])} cases, languages {langs}, "
-              f"outputs {found['outputs']}, {len(task.manifest.smoke) if task.manifest else 0} smoke / "
-              f"{len(task.manifest.hidden) if task.manifest else 0} hidden cases; baseline: {found['baseline_label']}")
+    con.print(f"[green]ok[/] {task.root}: {task.title!r}, {len(found.cases)} cases, languages {langs}, "
+              f"outputs {found.outputs}, {len(task.manifest.smoke) if task.manifest else 0} smoke / "
+              f"{len(task.manifest.hidden) if task.manifest else 0} hidden cases; baseline: {found.baseline_label}")
     return 0
 
 
@@ -80,15 +80,14 @@ def cmd_task_show(a) -> int:
     t = Table(title="cases", title_justify="left")
     for col in ("case", "sizes", "warmup", "iters"):
         t.add_column(col)
-    for row in found["cases"]:
-        t.add_row(str(row["index"]), " ".join("x".join(map(str, s)) for s in row["sizes"]), str(row["warmup"]),
-                  str(row["iters"]))
+    for row in found.cases:
+        t.add_row(str(row.index), " ".join("x".join(map(str, s)) for s in row.sizes), str(row.warmup), str(row.iters))
     con.print(t)
-    for row in found.get("extra", []):
-        con.print(f"  {row['label']}: {row['sizes']}", markup=False)
+    for extra in found.extra:
+        con.print(f"  {extra.label}: {extra.sizes}", markup=False)
     con.print("starters: " + ", ".join(f"{s.path.name} ({s.language.value})" for s in task.starters))
     con.print("reference CSVs: " + (", ".join(str(c.relative_to(task.root)) for c in task.csvs) or "none"))
-    con.print(f"baseline: {found['baseline_label']}")
+    con.print(f"baseline: {found.baseline_label}")
     return 0
 
 

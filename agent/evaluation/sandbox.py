@@ -19,11 +19,11 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
-from optagent.messages import Job, parse_line, parse_messages
+from optagent.messages import M, Job, Message, parse_line, parse_messages
 
 ALLOWED_ENV = {
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SHELL",
@@ -50,18 +50,20 @@ def child_env(device: str, marker: str) -> dict[str, str]:
 
 @dataclass
 class WorkerRun:
-    messages: list[dict]
-    foreign_lines: int  # lines on the result pipe that were not the harness's
-    returncode: Optional[int]
-    timed_out: bool
-    wall_s: float
+    """What one worker process said (its messages, in order) and how it ended."""
+
+    messages: list[Message] = field(default_factory=list)
+    foreign_lines: int = 0  # lines on the result pipe that were not the harness's
+    returncode: Optional[int] = 0
+    timed_out: bool = False
+    wall_s: float = 0.0
     stderr_tail: str = ""
 
-    def first(self, kind: str) -> Optional[dict]:
-        return next((m for m in self.messages if m["type"] == kind), None)
+    def first(self, kind: type[M]) -> Optional[M]:
+        return next((m for m in self.messages if isinstance(m, kind)), None)
 
-    def all(self, kind: str) -> list[dict]:
-        return [m for m in self.messages if m["type"] == kind]
+    def all(self, kind: Union[type[M], tuple[type[M], ...]]) -> list[M]:
+        return [m for m in self.messages if isinstance(m, kind)]
 
     @property
     def exit_text(self) -> str:
@@ -89,7 +91,7 @@ def _kill_marked(marker: str) -> None:
             continue
 
 
-def run_worker(job: Job, timeout_s: float, on_message: Optional[Callable[[dict], None]] = None) -> WorkerRun:
+def run_worker(job: Job, timeout_s: float, on_message: Optional[Callable[[Message], None]] = None) -> WorkerRun:
     """Run one worker to its end; on_message sees each of its messages as it arrives (for live
     progress only: the returned messages are parsed again, from everything the pipe carried)."""
     scratch = Path(job.scratch)

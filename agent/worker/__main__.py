@@ -15,7 +15,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from optagent.messages import Channel, Job
+from optagent.messages import Channel, Job, WorkerError
 
 
 def main() -> None:
@@ -38,7 +38,7 @@ def main() -> None:
             probe(job, chan)
     except BaseException as e:  # everything reaches the parent as a status, not a traceback
         tb = traceback.format_exc(limit=-4)
-        chan.send("error", error=f"{type(e).__name__}: {e}", traceback=tb)
+        chan.send(WorkerError(error=f"{type(e).__name__}: {e}", traceback=tb))
         raise SystemExit(3)
     finally:
         sys.stdout.flush()

@@ -22,9 +22,9 @@ from optagent.worker import bench
 from optagent.worker.backends import CompileError, Refused, Unsupported, backend_for
 from optagent.worker.guard import lock_imports, watch_host_compute
 from optagent.worker.harness import TaskRuntime, float_scales, poison, refresh_floats, run_baseline, same_bits
-from optagent.messages import CaseSpec, Channel, Job
-from optagent.progress import Phase
-from optagent.schema import CaseKind
+from optagent.messages import (Baseline, CaseFailed, CaseRan, CaseSpec, CaseStart, Channel, Compiled, Done, Hello,
+                               Integrity, Job, Phase, PhaseStarted, Sample)
+from optagent.schema import CaseKind, Status, Timing
 
 SAMPLED_CALLS = 4  # timed calls, drawn at random, whose outputs the judge checks besides each set's last
 # Fewer drawn calls where outputs are huge (a 16k-token prefill writes 1 GiB per call): each
@@ -51,46 +51,46 @@ class Candidate:
         job, chan, rt = self.job, self.chan, self.rt
         facts = bench.gpu_facts() if job.device == "cuda" else None
         name = torch.cuda.get_device_name(0) if job.device == "cuda" else "cpu"
-        chan.send("hello", baseline_label=rt.baseline_label, device_name=name, gpu=facts)
+        chan.send(Hello(baseline_label=rt.baseline_label, device_name=name, gpu=facts))
         self._baselines()
         backend = backend_for(job.language, job.device, job.compiler, job.compile_timeout_s)
-        lock_imports(report=lambda why: chan.send("integrity", reason=why))
-        chan.send("phase", phase=Phase.COMPILING.value)
+        lock_imports(report=lambda why: chan.send(Integrity(reason=why)))
+        chan.send(PhaseStarted(phase=Phase.COMPILING))
         try:
             backend.prepare(Path(job.source_path), Path(job.scratch))
         except (CompileError, Unsupported, Refused) as e:
-            status = {Unsupported: "UNSUPPORTED", Refused: "REJECTED"}.get(type(e), "COMPILE_ERROR")
-            chan.send("compile", status=status, reason=str(e))
+            status = {Unsupported: Status.UNSUPPORTED, Refused: Status.REJECTED}.get(type(e), Status.COMPILE_ERROR)
+            chan.send(Compiled(status=status, reason=str(e)))
             return
-        chan.send("compile", status="OK")
+        chan.send(Compiled(status=Status.PASSED))
         threads = _threads()
         for n, case in enumerate(job.cases):
-            chan.send("case_start", case=case.label)
+            chan.send(CaseStart(case=case.label))
             t0 = bench._perf_counter()
             try:
                 fn = backend.load_fresh(f"{n}_{case.label}")
             except (CompileError, Unsupported) as e:
-                status = "UNSUPPORTED" if isinstance(e, Unsupported) else "COMPILE_ERROR"
-                chan.send("case", case=case.label, status=status, reason=str(e))
+                status = Status.UNSUPPORTED if isinstance(e, Unsupported) else Status.COMPILE_ERROR
+                chan.send(CaseFailed(case=case.label, status=status, reason=str(e)))
                 return
             load_ms = (bench._perf_counter() - t0) * 1e3
             samples = self._checked_runs(n, case, fn)
             if samples is None:
                 return
-            extra: dict = {}
+            timings: dict = {}
             if case.kind is not CaseKind.HIDDEN:
-                chan.send("phase", phase=Phase.TIMING.value, case=case.label)
-                timed, extra = self._timed(case, fn, backend)
+                chan.send(PhaseStarted(phase=Phase.TIMING, case=case.label))
+                timed, timings = self._timed(case, fn, backend)
                 samples += timed
-            chan.send("case", case=case.label, status="RAN", samples=samples, load_ms=load_ms, **extra)
+            chan.send(CaseRan(case=case.label, samples=samples, load_ms=load_ms, **timings))
             self.sync()
             if _threads() - threads:
-                chan.send("integrity", reason="left background threads running after run_kernel returned")
+                chan.send(Integrity(reason="left background threads running after run_kernel returned"))
                 return
         patched = bench.patched_timers()
         if patched:
-            chan.send("integrity", reason=f"patched the harness's timers ({', '.join(patched)})")
-        chan.send("done")
+            chan.send(Integrity(reason=f"patched the harness's timers ({', '.join(patched)})"))
+        chan.send(Done())
 
     def _baselines(self) -> None:
         rt, t = self.rt, self.job.timing
@@ -99,23 +99,23 @@ class Candidate:
             run_baseline(rt.config, list(args))
 
         for case in (c for c in self.job.cases if c.kind is not CaseKind.HIDDEN):
-            self.chan.send("phase", phase=Phase.BASELINE.value, case=case.label)
+            self.chan.send(PhaseStarted(phase=Phase.BASELINE, case=case.label))
             sets = [rt.make_args(case, self.job.seed + 7919 * k)[0] for k in range(t.input_sets)]
-            self.chan.send("baseline", case=case.label, timing=self.timer.eager(baseline, sets),
-                           sizes=rt.describe(sets[0]))
+            self.chan.send(Baseline(case=case.label, timing=self.timer.eager(baseline, sets),
+                                    sizes=rt.describe(sets[0])))
             del sets
         self.sync()
 
-    def _save(self, label: str, name: str, outputs: dict, base_seed, refresh_seed) -> dict:
+    def _save(self, label: str, name: str, outputs: dict, base_seed, refresh_seed) -> Sample:
         path = self.out_dir / f"{label}-{name}.pt"
         buf = io.BytesIO()
         torch.save({i: t.cpu() for i, t in outputs.items()}, buf)
         data = buf.getvalue()
         path.write_bytes(data)
-        return {"name": name, "base_seed": base_seed, "refresh_seed": refresh_seed, "file": str(path),
-                "sha256": hashlib.sha256(data).hexdigest()}
+        return Sample(name=name, base_seed=base_seed, refresh_seed=refresh_seed, file=str(path),
+                      sha256=hashlib.sha256(data).hexdigest())
 
-    def _checked_runs(self, n: int, case: CaseSpec, fn) -> list[dict] | None:
+    def _checked_runs(self, n: int, case: CaseSpec, fn) -> list[Sample] | None:
         """The package's own inputs, then fresh ones; None when the case already has its verdict."""
         rt, job, samples = self.rt, self.job, []
         for name, base_seed in (("given", None), ("fresh", job.seed + 104729 + n)):
@@ -131,20 +131,20 @@ class Candidate:
                     fn(*args)
                     self.sync()
                 if watch.reason:
-                    self.chan.send("case", case=case.label, status="REJECTED", reason=watch.reason)
+                    self.chan.send(CaseFailed(case=case.label, status=Status.REJECTED, reason=watch.reason))
                     return None
             else:
                 fn(*args)
                 self.sync()
             changed = [i for i, a in pristine.items() if not same_bits(a, args[i])]
             if changed:
-                self.chan.send("case", case=case.label, status="REJECTED",
-                               reason=f"modified its input argument(s) {changed} (inputs must stay read-only)")
+                why = f"modified its input argument(s) {changed} (inputs must stay read-only)"
+                self.chan.send(CaseFailed(case=case.label, status=Status.REJECTED, reason=why))
                 return None
             samples.append(self._save(case.label, name, {i: args[i].detach().clone() for i in outs}, base_seed, None))
         return samples
 
-    def _timed(self, case: CaseSpec, fn, backend) -> tuple[list[dict], dict]:
+    def _timed(self, case: CaseSpec, fn, backend) -> tuple[list[Sample], dict]:
         rt, job = self.rt, self.job
         base_seeds = [job.seed + 7919 * k for k in range(job.timing.input_sets)]
         sets = [rt.make_args(case, s)[0] for s in base_seeds]
@@ -185,4 +185,4 @@ class Candidate:
         samples = [self._save(case.label, f"timed-{name}", out, base_seeds[k], seed)
                    for name, (k, out, seed) in kept.items()]
         gpu, note = self.timer.gpu(fn, sets, capturable=getattr(backend, "graph_capturable", True))
-        return samples, {"timing": timing, "gpu": gpu, "gpu_note": note}
+        return samples, {"timing": Timing(**timing), "gpu": Timing(**gpu) if gpu else None, "gpu_note": note}

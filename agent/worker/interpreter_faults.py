@@ -22,6 +22,7 @@ import re
 from functools import lru_cache
 from typing import Optional
 
+from optagent.messages import Finding
 from optagent.schema import Status
 
 # Triton's fp8 types (tl.float8e4nv, ...), PyTorch's (torch.float8_e4m3fn, ...) and the fp8e* type strings.
@@ -69,13 +70,14 @@ def fp8_fault() -> Optional[str]:
     return None
 
 
-def blame_interpreter(verdict: dict, source_fp8: bool, args: list) -> dict:
-    """A CPU case's INCORRECT verdict as UNSUPPORTED where a known interpreter fault explains it."""
-    if verdict.get("status") != Status.INCORRECT.value or not (source_fp8 or has_fp8_tensors(args)):
-        return verdict
+def blame_interpreter(finding: Finding, source_fp8: bool, args: list) -> Finding:
+    """A CPU case's INCORRECT finding as UNSUPPORTED where a known interpreter fault explains it."""
+    if finding.status is not Status.INCORRECT or not (source_fp8 or has_fp8_tensors(args)):
+        return finding
     fault = fp8_fault()
     if fault is None:
-        return verdict
-    return {**verdict, "status": Status.UNSUPPORTED.value,
-            "reason": f"UNSUPPORTED on CPU: {fault}, so this fp8 kernel cannot be checked here; evaluate it on a "
-                      f"GPU (the check said: {verdict['reason']})"}
+        return finding
+    return finding.model_copy(update={
+        "status": Status.UNSUPPORTED,
+        "reason": f"UNSUPPORTED on CPU: {fault}, so this fp8 kernel cannot be checked here; evaluate it on a "
+                  f"GPU (the check said: {finding.reason})"})

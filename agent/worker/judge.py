@@ -19,8 +19,8 @@ import torch
 
 from optagent.worker.harness import TaskRuntime, clone_args, float_scales, refresh_floats, run_baseline
 from optagent.worker.interpreter_faults import blame_interpreter
-from optagent.messages import CaseSpec, Channel, Job
-from optagent.progress import Phase
+from optagent.messages import (CaseSpec, Channel, Done, Finding, Job, Phase, PhaseStarted, Probed, ProbedCase,
+                               ProbedExtra, Sample, Verdict)
 from optagent.schema import CaseKind, Status
 
 
@@ -31,23 +31,23 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return num / denom if denom > 0 else num
 
 
-def _rebuild(rt: TaskRuntime, case: CaseSpec, sample: dict) -> tuple[list, object]:
-    args, sizes = rt.make_args(case, sample["base_seed"])
-    if sample.get("refresh_seed") is not None:
-        refresh_floats(args, sample["refresh_seed"], float_scales(args, set(rt.outputs(args))))
+def _rebuild(rt: TaskRuntime, case: CaseSpec, sample: Sample) -> tuple[list, object]:
+    args, sizes = rt.make_args(case, sample.base_seed)
+    if sample.refresh_seed is not None:
+        refresh_floats(args, sample.refresh_seed, float_scales(args, set(rt.outputs(args))))
     return args, sizes
 
 
-def _verdict(rt: TaskRuntime, case: CaseSpec, sample: dict) -> dict:
-    """Compare one saved output with the reference; a dict of findings."""
-    data = Path(sample["file"]).read_bytes()
-    if hashlib.sha256(data).hexdigest() != sample.get("sha256"):
-        return {"status": "REJECTED", "reason": f"the saved outputs ({sample['name']}) were rewritten after the "
-                "harness saved them"}
+def _verdict(rt: TaskRuntime, case: CaseSpec, sample: Sample) -> Finding:
+    """Compare one saved output with the reference."""
+    data = Path(sample.file).read_bytes()
+    if hashlib.sha256(data).hexdigest() != sample.sha256:
+        return Finding(status=Status.REJECTED, reason=f"the saved outputs ({sample.name}) were rewritten after the "
+                       "harness saved them")
     args, sizes = _rebuild(rt, case, sample)
     outs = rt.outputs(args)
     saved = torch.load(io.BytesIO(data), map_location=rt.device, weights_only=True)
-    where = f"{sample['name']} inputs"
+    where = f"{sample.name} inputs"
     found: dict = {"rel_err": 0.0, "max_abs_err": 0.0, "tolerance": None}
     manifest = rt.manifest
     if rt.hooks is not None and manifest is not None:
@@ -57,16 +57,16 @@ def _verdict(rt: TaskRuntime, case: CaseSpec, sample: dict) -> dict:
         refs64 = [base[i] for i in outs]
     for j, i in enumerate(outs):
         if i not in saved:
-            return {"status": "INCORRECT", "reason": f"output #{i} missing ({where})"}
+            return Finding(status=Status.INCORRECT, reason=f"output #{i} missing ({where})")
         out, ref = saved[i], refs64[j].to(saved[i].device)
         if out.shape != ref.shape or out.dtype != args[i].dtype:
-            return {"status": "INCORRECT", "reason": f"output #{i} is {out.dtype} {tuple(out.shape)}, "
-                    f"expected {args[i].dtype} {tuple(args[i].shape)}"}
+            return Finding(status=Status.INCORRECT, reason=f"output #{i} is {out.dtype} {tuple(out.shape)}, "
+                           f"expected {args[i].dtype} {tuple(args[i].shape)}")
         bad = ~torch.isfinite(out.double()) & torch.isfinite(ref.double())
         if bool(bad.any()):
             n = int(bad.sum())
-            return {"status": "INCORRECT", "reason": f"{n} of {out.numel()} output elements not written or "
-                    f"not finite ({where}, first at flat index {int(bad.flatten().nonzero()[0])})"}
+            return Finding(status=Status.INCORRECT, reason=f"{n} of {out.numel()} output elements not written or "
+                           f"not finite ({where}, first at flat index {int(bad.flatten().nonzero()[0])})")
         err = rel_err(out, ref)
         found["rel_err"] = max(found["rel_err"], err)
         found["max_abs_err"] = max(found["max_abs_err"], float((out.double() - ref.double()).abs().max()))
@@ -75,8 +75,9 @@ def _verdict(rt: TaskRuntime, case: CaseSpec, sample: dict) -> dict:
             tol = max(manifest.min_tolerance, manifest.tolerance_factor * rel_err(low.to(ref.device), ref))
             found["tolerance"] = tol
             if err > tol:
-                return {**found, "status": "INCORRECT", "reason": f"relative error {err:.2e} exceeds {tol:.2e} "
-                        f"({where}; tolerance = {manifest.tolerance_factor:g} x a same-dtype PyTorch computation)"}
+                return Finding(**found, status=Status.INCORRECT, reason=f"relative error {err:.2e} exceeds "
+                               f"{tol:.2e} ({where}; tolerance = {manifest.tolerance_factor:g} x a same-dtype "
+                               "PyTorch computation)")
     if case.kind is CaseKind.CONTEST:
         target = clone_args(args)
         for i in outs:
@@ -87,9 +88,9 @@ def _verdict(rt: TaskRuntime, case: CaseSpec, sample: dict) -> dict:
             ok = rt.config.check(sizes, clone_args(args), target, base)
         if not ok:
             detail = err_text.getvalue().strip().splitlines()
-            return {**found, "status": "INCORRECT",
-                    "reason": f"the task's check() failed ({where})" + (f": {detail[-1][:200]}" if detail else "")}
-    return {**found, "status": "PASSED"}
+            return Finding(**found, status=Status.INCORRECT,
+                           reason=f"the task's check() failed ({where})" + (f": {detail[-1][:200]}" if detail else ""))
+    return Finding(**found, status=Status.PASSED)
 
 
 def judge(job: Job, chan: Channel) -> None:
@@ -102,17 +103,17 @@ def judge(job: Job, chan: Channel) -> None:
         bandwidth = measured_bandwidth_gbs() if hasattr(rt.hooks, "bytes_moved") else None
         tflops = measured_matmul_tflops() if hasattr(rt.hooks, "flops") else None
     for case in job.cases:
-        chan.send("phase", phase=Phase.JUDGING.value, case=case.label)
+        chan.send(PhaseStarted(phase=Phase.JUDGING, case=case.label))
         samples = job.samples.get(case.label, [])
-        worst: Optional[dict] = None
-        agg = {"rel_err": 0.0, "max_abs_err": 0.0, "tolerance": None}
+        worst: Optional[Finding] = None
+        agg: dict = {"rel_err": 0.0, "max_abs_err": 0.0, "tolerance": None}
         for sample in samples:
             v = _verdict(rt, case, sample)
             for key in ("rel_err", "max_abs_err"):
-                if v.get(key) is not None:
-                    agg[key] = max(agg[key], v[key])
-            agg["tolerance"] = v.get("tolerance") or agg["tolerance"]
-            if v["status"] != "PASSED":
+                if getattr(v, key) is not None:
+                    agg[key] = max(agg[key], getattr(v, key))
+            agg["tolerance"] = v.tolerance or agg["tolerance"]
+            if v.status is not Status.PASSED:
                 worst = v
                 break
         floors: dict = {"floor_us": None, "compute_floor_us": None}
@@ -122,11 +123,12 @@ def judge(job: Job, chan: Channel) -> None:
                 floors["floor_us"] = rt.hooks.bytes_moved(args) / (bandwidth * 1e3)
             if tflops:
                 floors["compute_floor_us"] = rt.hooks.flops(args) / (tflops * 1e6)
-        result = worst or {"status": "PASSED"}
-        if job.device == "cpu" and result["status"] == Status.INCORRECT.value:
+        result = worst or Finding(status=Status.PASSED)
+        if job.device == "cpu" and result.status is Status.INCORRECT:
             result = blame_interpreter(result, job.source_fp8, _rebuild(rt, case, samples[0])[0])
-        chan.send("verdict", case=case.label, **{**agg, **result}, **floors)
-    chan.send("done")
+        # the failing sample's own errors, where it measured them, over the running maxima
+        chan.send(Verdict(case=case.label, **{**agg, **result.model_dump(exclude_none=True)}, **floors))
+    chan.send(Done())
 
 
 def probe(job: Job, chan: Channel) -> None:
@@ -139,10 +141,10 @@ def probe(job: Job, chan: Channel) -> None:
     for index in range(1, n + 1):
         sizes, reps = rt.case_sizes(index)
         elems = sum(math.prod(s) for s in sizes if isinstance(s, (tuple, list)) and s)
-        rows.append({"index": index, "sizes": [list(s) for s in sizes if isinstance(s, (tuple, list)) and s],
-                     "warmup": reps[0], "iters": reps[1], "elements": elems})
-    smallest = min(rows, key=lambda r: r["elements"])
-    case = CaseSpec(label=str(smallest["index"]), kind=CaseKind.CONTEST, index=smallest["index"])
+        rows.append(ProbedCase(index=index, sizes=[list(s) for s in sizes if isinstance(s, (tuple, list)) and s],
+                               warmup=reps[0], iters=reps[1], elements=elems))
+    smallest = min(rows, key=lambda r: r.elements)
+    case = CaseSpec(label=str(smallest.index), kind=CaseKind.CONTEST, index=smallest.index)
     args, _ = rt.make_args(case, None)
     outs = rt.outputs(args)
     run_baseline(rt.config, clone_args(args))
@@ -153,8 +155,8 @@ def probe(job: Job, chan: Channel) -> None:
             spec = CaseSpec(label=f"{kind}-{k}", kind=CaseKind(kind), params=params)
             a, _ = rt.make_args(spec, 1)
             rt.hooks.reference(clone_args(a), torch.float64)
-            extra.append({"label": spec.label, "sizes": rt.describe(a),
-                          "bytes": int(rt.hooks.bytes_moved(a)) if hasattr(rt.hooks, "bytes_moved") else None})
-    chan.send("probe", cases=rows, outputs=outs, baseline_label=rt.baseline_label,
-              probed_case=smallest["index"], extra=extra)
-    chan.send("done")
+            extra.append(ProbedExtra(label=spec.label, sizes=rt.describe(a),
+                                     bytes=int(rt.hooks.bytes_moved(a)) if hasattr(rt.hooks, "bytes_moved") else None))
+    chan.send(Probed(cases=rows, outputs=outs, baseline_label=rt.baseline_label, probed_case=smallest.index,
+                     extra=extra))
+    chan.send(Done())

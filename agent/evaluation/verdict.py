@@ -1,0 +1,171 @@
+"""One evaluation's verdict, assembled from what its worker processes said.
+
+Pure: the candidate process's run comes in with a callable that runs the judge on
+the cases that ran, and an EvalResult goes out. Nothing here starts a process, so
+every path (forged channel, death mid-case, the judge disagreeing) is tested with
+canned messages (tests/test_verdict.py).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Callable, Optional, TypeVar, Union
+
+from optagent.evaluation.sandbox import WorkerRun
+from optagent.messages import (Baseline, CaseFailed, CaseRan, CaseSpec, CaseStart, Compiled, Done, Hello, Integrity,
+                               Job, Verdict, WorkerError)
+from optagent.schema import CaseResult, EvalResult, Status, worst
+
+# Triton compiles at the first call; under the CPU interpreter the same mistakes
+# surface as an InterpreterError wrapping the Python error.
+COMPILE_FAILURE = re.compile(r"CompilationError|CompileError|InterpreterError: (NameError|SyntaxError|"
+                             r"AttributeError|TypeError|UnboundLocalError)")
+# A time under 90% of the bytes/bandwidth floor is physically implausible. Only the memory
+# floor is used so: the compute floor rests on the framework GEMM's measured rate, which a
+# good kernel may beat.
+FLOOR_MARGIN = 0.9
+# Each of these is told once per run (per case where it names one): a second is not the harness's.
+ONCE = (("hello", Hello), ("baseline", Baseline), ("compile", Compiled), ("case", (CaseRan, CaseFailed)),
+        ("done", Done))
+
+JudgeRunner = Callable[[Job], WorkerRun]  # runs the judge's job, returns what the judge said
+C = TypeVar("C", CaseRan, CaseFailed, Baseline)
+
+
+def first_per_case(messages: list[C]) -> dict[str, C]:
+    out: dict[str, C] = {}
+    for m in messages:
+        out.setdefault(m.case, m)
+    return out
+
+
+def forged(run: WorkerRun) -> Optional[str]:
+    """Why the result channel cannot be trusted: lines not from the harness, or a message told twice."""
+    if run.foreign_lines:
+        return f"the result channel carried {run.foreign_lines} line(s) not written by the harness (forged results)"
+    for name, kinds in ONCE:
+        keys = [getattr(m, "case", name) for m in run.all(kinds)]
+        if len(keys) != len(set(keys)):
+            return f"the result channel carried a second {name!r} message (forged results)"
+    return None
+
+
+def died(run: WorkerRun, error: Optional[WorkerError], timeout_s: float) -> tuple[Status, str]:
+    """The status of a case the candidate process started and never finished."""
+    if run.timed_out:
+        return Status.TIMEOUT, f"did not finish within the {timeout_s:.0f} s limit"
+    if run.returncode == 0 and not error:  # only candidate code ends the process "successfully" mid-case
+        return Status.REJECTED, "the process exited with code 0 in the middle of a case (exit before the checks)"
+    if error:
+        status = Status.COMPILE_ERROR if COMPILE_FAILURE.search(error.error) else Status.RUNTIME_ERROR
+        return status, error.error[:600]
+    lines = [ln for ln in run.stderr_tail.strip().splitlines() if ln.strip()][-3:]
+    said = f": {' | '.join(lines)[:400]}" if lines else ""
+    return Status.RUNTIME_ERROR, f"the candidate process {run.exit_text}{said}"
+
+
+def assemble(job: Job, run: WorkerRun, judge: JudgeRunner, *, source_sha256: str, timeout_s: float,
+             started: float) -> EvalResult:
+    """The EvalResult of a candidate run: its claims per case, checked by the judge (run only when a case ran)."""
+    hello = run.first(Hello)
+    tail = "\n".join(run.stderr_tail.strip().splitlines()[-15:]) or None
+    common = dict(language=job.language, device=job.device, source_sha256=source_sha256, log_tail=tail,
+                  device_name=hello.device_name if hello else None,
+                  baseline_label=hello.baseline_label if hello else None,
+                  gpu=hello.gpu.model_dump() if hello and hello.gpu else None)
+
+    def result(status: Status, reason: Optional[str], cases: list[CaseResult]) -> EvalResult:
+        return EvalResult(status=status, reason=reason, cases=cases, wall_s=time.monotonic() - started, **common)
+
+    compiled = run.first(Compiled)
+    error = run.first(WorkerError)
+    if compiled is None:
+        if error:
+            reason = f"harness failed before the candidate was loaded: {error.error}"
+        elif run.timed_out:
+            reason = f"the baseline did not finish within {timeout_s:.0f} s"
+        else:
+            reason = f"worker {run.exit_text} before the candidate was loaded"
+        return result(Status.TIMEOUT if run.timed_out else Status.RUNTIME_ERROR, reason, [])
+    if compiled.status is not Status.PASSED:
+        return result(compiled.status, compiled.reason, [])
+
+    cases, ran = _claimed(job, run, error, timeout_s)
+    if ran:
+        cases = _judged(job, run, ran, cases, judge)
+    status = worst([c.status for c in cases]) if cases else Status.RUNTIME_ERROR
+    reason = next((f"case {c.case}: {c.reason}" for c in cases if c.status is status and c.reason), None)
+    integrity = run.first(Integrity)
+    why_forged = forged(run)
+    if why_forged:
+        status, reason = Status.REJECTED, why_forged
+    elif integrity:
+        status, reason = Status.REJECTED, integrity.reason
+    elif run.first(Done) is None and status is Status.PASSED:
+        status = Status.REJECTED
+        reason = f"the candidate process {run.exit_text} before the harness finished its checks"
+    return result(status, reason if status is not Status.PASSED else None, cases)
+
+
+def _claimed(job: Job, run: WorkerRun, error: Optional[WorkerError],
+             timeout_s: float) -> tuple[list[CaseResult], list[CaseSpec]]:
+    """Each case as the candidate process tells it (PASSED for one that ran), and the cases that ran."""
+    baselines = first_per_case(run.all(Baseline))
+    outcomes: dict[str, Union[CaseRan, CaseFailed]] = first_per_case(run.all((CaseRan, CaseFailed)))
+    started = {m.case for m in run.all(CaseStart)}
+    cases: list[CaseResult] = []
+    ran: list[CaseSpec] = []
+    stop = False
+    for spec in job.cases:
+        base = baselines.get(spec.label)
+        row = dict(case=spec.label, kind=spec.kind, sizes=base.sizes if base else None,
+                   baseline=base.timing if base else None,
+                   timing_kind="cuda" if job.device == "cuda" else "cpu-interpreter")
+        msg = outcomes.get(spec.label)
+        if stop or (msg is None and spec.label not in started):
+            cases.append(CaseResult(status=Status.SKIPPED, reason="not run: an earlier case failed", **row))
+        elif msg is None:
+            status, reason = died(run, error, timeout_s)
+            cases.append(CaseResult(status=status, reason=reason, **row))
+            stop = True
+        elif isinstance(msg, CaseFailed):
+            cases.append(CaseResult(status=msg.status, reason=msg.reason, **row))
+            stop = True
+        else:
+            t, g = msg.timing, msg.gpu
+            cases.append(CaseResult(status=Status.PASSED, time=t, time_us=t.median_us if t else None,
+                                    gpu_us=g.median_us if g else None,
+                                    baseline_us=base.timing.median_us if base else None, load_ms=msg.load_ms, **row))
+            ran.append(spec)
+    return cases, ran
+
+
+def _judged(job: Job, run: WorkerRun, ran: list[CaseSpec], cases: list[CaseResult],
+            judge: JudgeRunner) -> list[CaseResult]:
+    samples = {m.case: m.samples for m in run.all(CaseRan)}
+    verdict_run = judge(job.model_copy(update={"mode": "judge", "cases": ran, "samples": samples,
+                                               "source_path": None}))
+    verdicts = {m.case: m for m in verdict_run.all(Verdict)}
+    failure = verdict_run.first(WorkerError)
+    out = []
+    for c in cases:
+        if c.status is not Status.PASSED:
+            out.append(c)
+            continue
+        v = verdicts.get(c.case)
+        if v is None:
+            why = failure.error if failure else f"judge {verdict_run.exit_text}"
+            out.append(c.model_copy(update={"status": Status.RUNTIME_ERROR, "reason": f"not judged: {why}"}))
+            continue
+        upd: dict = v.model_dump(include={"rel_err", "max_abs_err", "tolerance", "floor_us", "compute_floor_us"})
+        if v.status is not Status.PASSED:
+            upd.update(status=v.status, reason=v.reason)
+        else:
+            fastest = min(x for x in (c.time_us, c.gpu_us) if x) if (c.time_us or c.gpu_us) else None
+            floor = v.floor_us
+            if floor and fastest and fastest < FLOOR_MARGIN * floor:
+                upd.update(status=Status.REJECTED, reason=f"{fastest:.1f} us is below the physical floor of "
+                           f"{floor:.1f} us (bytes / measured bandwidth): work skipped or moved off the timed path")
+        out.append(CaseResult.model_validate({**c.model_dump(), **upd}))
+    return out
