@@ -13,7 +13,7 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
-from optagent.schema import CaseKind, Language, Record
+from optagent.schema import CaseKind, Device, Language, Record
 
 
 class CaseSpec(Record):
@@ -34,7 +34,7 @@ class TimingSpec(Record):
 class Job(Record):
     mode: Literal["candidate", "judge", "probe"]
     task_dir: str
-    device: Literal["cuda", "cpu"]
+    device: Device
     language: Optional[Language] = None
     source_path: Optional[str] = None
     cases: list[CaseSpec] = Field(default_factory=list)

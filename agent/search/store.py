@@ -84,10 +84,6 @@ def read_record(path: Path, model: type[M]) -> M:
                        f"{where + ': ' if where else ''}{_short(first['msg'])}{more}") from None
 
 
-def ext(language: Language) -> str:
-    return ".cu" if language is Language.CUDA else ".py"
-
-
 def atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -142,7 +138,7 @@ class RunStore:
             raise RunError(f"{path}: cannot create the run's folder: {e.strerror or e}") from None
         store = cls(path)
         atomic_write(path / "config.json", config.model_dump_json(indent=2))
-        atomic_write(path / f"starter{ext(config.language)}", starter)
+        atomic_write(path / f"starter{config.language.ext}", starter)
         return store
 
     @classmethod
@@ -231,7 +227,7 @@ class RunStore:
 
     @property
     def starter(self) -> str:
-        return read_text(self.path / f"starter{ext(self.config.language)}")
+        return read_text(self.path / f"starter{self.config.language.ext}")
 
     def step_dir(self, index: int) -> Path:
         return self.path / "steps" / f"{index:04d}"
@@ -279,7 +275,7 @@ class RunStore:
 
         check(self.path / "config.json", RunConfig)
         if not found:
-            check(self.path / f"starter{ext(self.config.language)}")
+            check(self.path / f"starter{self.config.language.ext}")
         for name, model in (("state.json", RunState), ("best/result.json", EvalResult)):
             if (self.path / name).exists():
                 check(self.path / name, model)
@@ -295,7 +291,7 @@ class RunStore:
     def save_proposal(self, index: int, proposal: Proposal, language: Language) -> None:
         d = self.step_dir(index)
         if proposal.source is not None:
-            atomic_write(d / f"candidate{ext(language)}", proposal.source)
+            atomic_write(d / f"candidate{language.ext}", proposal.source)
         atomic_write(d / "proposal.json", proposal.model_dump_json(indent=2))
 
     def save_step(self, step: Step) -> None:
@@ -307,10 +303,10 @@ class RunStore:
     def save_best(self, source: str, result: EvalResult) -> None:
         language = self.config.language
         d = self.path / "best"
-        atomic_write(d / f"kernel{ext(language)}", source)
+        atomic_write(d / f"kernel{language.ext}", source)
         atomic_write(d / "result.json", result.model_dump_json(indent=2))
-        atomic_write(d / "diff.patch", unified_diff(self.starter, source, f"starter{ext(language)}",
-                                                    f"best{ext(language)}"))
+        atomic_write(d / "diff.patch", unified_diff(self.starter, source, f"starter{language.ext}",
+                                                    f"best{language.ext}"))
 
     def save_state(self, state: RunState) -> None:
         atomic_write(self.path / "state.json", state.model_dump_json(indent=2))
