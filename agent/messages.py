@@ -14,7 +14,7 @@ from typing import Annotated, Literal, Optional, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from optagent.schema import CaseKind, Language, Record, Status, Timing
+from optagent.schema import CaseKind, Device, Language, Record, Status, Timing
 
 
 class Phase(str, enum.Enum):
@@ -61,7 +61,7 @@ class Sample(Part):
 class Job(Record):
     mode: Literal["candidate", "judge", "probe"]
     task_dir: str
-    device: Literal["cuda", "cpu"]
+    device: Device
     language: Optional[Language] = None
     source_path: Optional[str] = None
     cases: list[CaseSpec] = Field(default_factory=list)

@@ -30,10 +30,37 @@ class Record(BaseModel):
         return data
 
 
+class Word(str, enum.Enum):
+    """A str enum that prints as its value (f-strings, paths, templates), as the plain string did."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class Language(str, enum.Enum):
     TRITON = "triton"
     CUDA = "cuda"
     TILELANG = "tilelang"
+
+    @property
+    def ext(self) -> str:  # of a source file in this language
+        return ".cu" if self is Language.CUDA else ".py"
+
+    @property
+    def fence(self) -> str:  # the Markdown code-fence tag of such a source, and which highlighter shows it
+        return "cuda" if self is Language.CUDA else "python"
+
+
+class Device(Word):
+    CUDA = "cuda"
+    CPU = "cpu"  # Triton's interpreter: shows that kernels work, not how fast they are on a GPU
+
+
+class PlannerKind(Word):
+    AUTO = "auto"  # asked for on the command line only: llm when an endpoint is configured, else offline
+    LLM = "llm"
+    OFFLINE = "offline"
+    REPLAY = "replay"
 
 
 class Status(str, enum.Enum):
@@ -53,16 +80,8 @@ class Status(str, enum.Enum):
 
 # The order in which an evaluation's overall status is chosen from its cases:
 # the most damning verdict wins.
-SEVERITY = [
-    Status.REJECTED,
-    Status.COMPILE_ERROR,
-    Status.UNSUPPORTED,
-    Status.TIMEOUT,
-    Status.RUNTIME_ERROR,
-    Status.INCORRECT,
-    Status.SKIPPED,
-    Status.PASSED,
-]
+SEVERITY = [Status.REJECTED, Status.COMPILE_ERROR, Status.UNSUPPORTED, Status.TIMEOUT, Status.RUNTIME_ERROR,
+            Status.INCORRECT, Status.SKIPPED, Status.PASSED]
 
 
 class CaseKind(str, enum.Enum):
@@ -149,7 +168,7 @@ class EvalResult(Record):
     status: Status
     reason: Optional[str] = None
     language: Language
-    device: Literal["cuda", "cpu"]
+    device: Device
     device_name: Optional[str] = None
     source_sha256: str
     baseline_label: Optional[str] = None  # e.g. "flash_attn (optagent PyTorch stand-in)"
@@ -253,8 +272,8 @@ class RunConfig(Record):
     task_name: str
     task_digest: str
     language: Language
-    device: Literal["cuda", "cpu"]
-    planner: str
+    device: Device
+    planner: PlannerKind
     model: Optional[str] = None
     base_url: Optional[str] = None
     replay_file: Optional[str] = None

@@ -479,7 +479,7 @@ def test_gpu_time_below_the_physical_floor_is_rejected(task):
     """patch_bench_clock with the scan bypassed: the slowed harness clock is seen as a patched timer,
     and the times it produced end below the floor; either names the trick."""
     result = gpu_run(task, "patch_bench_clock", [LARGE_CASE], scan=False)
-    expect(result, Status.REJECTED, r"below the physical floor|patched the harness's timers \(optagent\.bench")
+    expect(result, Status.REJECTED, r"below the physical floor|patched the harness's timers \(optagent\.worker\.bench")
 
 
 @pytest.mark.gpu

@@ -68,7 +68,7 @@ def make_run(tmp_path, task_dir):
 
     def make(planner, evaluator, **limits):
         cfg = RunConfig(run_id=new_run_id(task.name), task_dir=str(task.root), task_name=task.name,
-                        task_digest="x", language=Language.TRITON, device="cpu", planner="scripted",
+                        task_digest="x", language=Language.TRITON, device="cpu", planner="offline",
                         timeout_s=10, min_gain=limits.get("min_gain", 0.01), patience=limits.get("patience", 5),
                         max_steps=limits.get("max_steps", 50))
         store = RunStore.create(tmp_path / "runs", cfg, "starter")

@@ -65,7 +65,7 @@ class PhasedEvaluator(ScriptedEvaluator):
 def test_the_loop_stamps_steps_and_says_when_it_retimes(tmp_path, task_dir):
     task = load_task(task_dir)
     cfg = RunConfig(run_id=new_run_id(task.name), task_dir=str(task.root), task_name=task.name, task_digest="x",
-                    language=Language.TRITON, device="cpu", planner="scripted", timeout_s=10, min_gain=0.01,
+                    language=Language.TRITON, device="cpu", planner="offline", timeout_s=10, min_gain=0.01,
                     patience=5, max_steps=50)
     store = RunStore.create(tmp_path / "runs", cfg, "starter")
     events: list[Progress] = []

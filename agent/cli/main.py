@@ -1,10 +1,11 @@
-"""``optagent``: the command line. The only place that picks concrete classes."""
+"""``optagent``: the command line; task and eval here, the run commands in runs and browse.
+
+Concrete classes are picked in build.py only."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from pathlib import Path
 from typing import Optional
@@ -15,18 +16,14 @@ from optagent import __version__
 from optagent.schema import Language, Status
 from optagent.evaluation.evaluator import CaseListError
 # UserError lives in inputs so that `python -m optagent.cli.main` (cli as __main__) catches the same class
-from optagent.cli.inputs import SECONDS, EnvError, OneLineParser, UserError  # noqa: F401 (re-exported)
+from optagent.cli.inputs import EnvError, OneLineParser, UserError  # noqa: F401 (re-exported)
+from optagent.cli.build import build_evaluator
+from optagent.cli.browse import add_browse_commands
+from optagent.cli.options import add_eval_options, resolve_device
+from optagent.cli.runs import add_run_commands
 from optagent.search.store import RunError
-from optagent.task import TaskError, TaskPackage, detect_language, extract_code, load_task
+from optagent.task import TaskError, detect_language, extract_code, load_task
 from optagent.cli.views import console, human_console, print_eval, print_json
-
-
-def _device(arg: Optional[str]) -> str:
-    from optagent.evaluation.sandbox import gpu_visible
-
-    if arg:
-        return arg
-    return "cuda" if gpu_visible() else "cpu"
 
 
 def _read_kernel(path: Path, language: Optional[str]) -> tuple[str, Language]:
@@ -91,20 +88,11 @@ def cmd_task_show(a) -> int:
     return 0
 
 
-def make_evaluator(task: TaskPackage, a, device: str):
-    from optagent.evaluation.evaluator import SandboxEvaluator, choose_cases
-
-    cases = choose_cases(task, device, a.cases, hidden=not getattr(a, "no_hidden", False))
-    compiler = shlex.split(a.compiler) if getattr(a, "compiler", None) else None
-    return SandboxEvaluator(task, device, cases, timeout_s=a.timeout, compiler=compiler,
-                            keep_scratch=getattr(a, "keep_scratch", False))
-
-
 def cmd_eval(a) -> int:
     task = load_task(a.dir)
     source, lang = _read_kernel(Path(a.kernel), a.language)
-    device = _device(a.device)
-    evaluator = make_evaluator(task, a, device)
+    evaluator = build_evaluator(task, resolve_device(a.device), a.cases, hidden=not a.no_hidden, timeout_s=a.timeout,
+                                compiler=a.compiler, keep_scratch=a.keep_scratch)
     from optagent.cli.live import LiveProgress
 
     live = None if a.quiet else LiveProgress(console(stderr=True))
@@ -150,23 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--keep-scratch", action="store_true", help="keep the sandbox's scratch directory")
     e.set_defaults(fn=cmd_eval)
 
-    from optagent.cli.runs import add_run_commands
-
     add_run_commands(sub)
+    add_browse_commands(sub)
     from optagent.report.run_page import add_report_commands
 
     add_report_commands(sub)
     return p
-
-
-def add_eval_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when a GPU is visible, else cpu")
-    p.add_argument("--cases", help="contest cases to run, e.g. 1,3-5 (default: all on GPU, smoke cases on CPU)")
-    p.add_argument("--timeout", type=SECONDS, default=300.0, help="seconds per candidate process (default 300)")
-    p.add_argument("--language", choices=[x.value for x in Language], help="default: recognised from the source")
-    p.add_argument("--compiler", help="CUDA compiler command template, e.g. "
-                   "'nvcc -O3 -shared -Xcompiler -fPIC {arch} -o {out} {src}' (or OPTAGENT_NVCC)")
-    p.add_argument("--no-hidden", action="store_true", help="skip the manifest's hidden integrity cases")
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -95,8 +95,8 @@ def print_runs(con: Console, runs: list[RunSummary], title: str, by_path: bool =
     for r in runs:
         cfg, st = r.config, r.state
         cells.append([r.run_id, cfg.task_name if cfg else "?",
-                      (cfg.planner + (f"/{cfg.model}" if cfg.model else "")) if cfg else "?",
-                      cfg.language.value if cfg else "?", cfg.device if cfg else "?", r.shown,
+                      (cfg.planner.value + (f"/{cfg.model}" if cfg.model else "")) if cfg else "?",
+                      cfg.language.value if cfg else "?", cfg.device.value if cfg else "?", r.shown,
                       str(st.steps if st else 0), fmt(st.best_geomean_speedup if st else None, ".2f", "x")])
     t = Table(title=title, title_justify="left")
     for col in ("run", "task", "planner", "lang", "device", "status", "steps", "best"):

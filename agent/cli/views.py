@@ -11,7 +11,7 @@ from typing import Optional
 from rich.console import Console
 from rich.table import Table
 
-from optagent.schema import EvalResult, Status, Timing
+from optagent.schema import Device, EvalResult, Status, Timing
 
 STATUS_STYLE = {Status.PASSED: "green", Status.INCORRECT: "red", Status.COMPILE_ERROR: "red",
                 Status.RUNTIME_ERROR: "red", Status.TIMEOUT: "yellow", Status.REJECTED: "bold red",
@@ -73,7 +73,7 @@ def _slow(t: Optional[Timing]) -> str:
 
 
 def eval_table(result: EvalResult, title: Optional[str] = None) -> Table:
-    unit = "us" if result.device == "cuda" else "us (CPU interp.)"
+    unit = "us" if result.device is Device.CUDA else "us (CPU interp.)"
     t = Table(title=title, title_justify="left")
     for col in ("case", "sizes", "status", "rel_err", f"time {unit}", "gpu us", f"baseline {unit}", "speedup",
                 "% floor", "load ms"):

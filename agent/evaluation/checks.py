@@ -30,11 +30,12 @@ ALLOWED_IMPORTS = set("__future__ math cmath typing typing_extensions functools 
                       "collections numbers abc warnings copy torch triton tilelang".split())
 
 
-def _table(groups: dict[str, str]) -> dict[str, str]:
+def table(groups: dict[str, str]) -> dict[str, str]:
+    """{why: "name name ..."} -> {name: why}: the reason written once for each group of names."""
     return {name: why for why, names in groups.items() for name in names.split()}
 
 
-MODULE_WHY = _table({  # why a module is refused (the rest: "not needed by a kernel")
+MODULE_WHY = table({  # why a module is refused (the rest: "not needed by a kernel")
     "processes, files and the environment": "os posix nt", "reaches into the interpreter": "sys",
     "reads the harness's objects": "gc", "inspects the caller's frames": "inspect traceback",
     "runs other processes": "subprocess multiprocessing pty", "opens network connections": "socket ssl http urllib",
@@ -44,7 +45,7 @@ MODULE_WHY = _table({  # why a module is refused (the rest: "not needed by a ker
     "touches files": "shutil pathlib io tempfile glob fcntl mmap fileinput", "runs code after the checks": "atexit",
     "decodes hidden code or data": "pickle marshal dill base64 binascii codecs zlib bz2 lzma",
     "builds code at run time": "code codeop types ast dis", "computes on the host": "numpy scipy jax"})
-FORBIDDEN_ATTRS = _table({  # whatever object they are reached through (torch.os, triton.runtime.jit.sys...)
+FORBIDDEN_ATTRS = table({  # whatever object they are reached through (torch.os, triton.runtime.jit.sys...)
     "reaches a module it may not import": "os posix sys gc inspect subprocess multiprocessing threading _thread "
                                           "ctypes importlib builtins shutil pathlib socket runpy pickle marshal",
     "touches processes or the environment": "environ environb getenv putenv unsetenv _exit system popen fork forkpty "
@@ -68,7 +69,7 @@ TORCH_MATH = set("softmax log_softmax matmul bmm baddbmm mm addmm addbmm einsum 
                  "exp2 expm1 logsumexp sigmoid scaled_dot_product_attention numpy".split())
 ALLOWED_DUNDERS = set("__init__ __name__ __qualname__ __doc__ __call__ __len__ __getitem__ __setitem__ __iter__ "
                       "__next__ __enter__ __exit__ __repr__ __str__ __eq__ __hash__ __post_init__".split())
-FORBIDDEN_NAMES = _table({"imports modules dynamically": "__import__", "runs dynamic code": "exec eval compile",
+FORBIDDEN_NAMES = table({"imports modules dynamically": "__import__", "runs dynamic code": "exec eval compile",
                          "opens files": "open", "reads namespaces": "globals locals vars", "patches attributes":
                          "setattr delattr", "debugs or reads stdin": "breakpoint input",
                          "touches the module machinery": "__builtins__ __loader__ __spec__"})

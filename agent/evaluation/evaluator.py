@@ -23,9 +23,10 @@ from optagent.evaluation.sandbox import WorkerRun, keep_scratch, new_scratch, re
 from optagent.evaluation.verdict import assemble
 from optagent.messages import CaseSpec, Done, Job, Probed, TimingSpec, WorkerError
 from optagent.progress import Phase, PipeRelay, Progress, ProgressSink
-from optagent.schema import CaseKind, EvalResult, Language, Status
+from optagent.schema import CaseKind, Device, EvalResult, Language, Status
 from optagent.task import TaskError, TaskPackage
 
+TIMEOUT_S = 300.0  # seconds per worker process, unless --timeout says otherwise
 class CaseListError(ValueError):
     """A --cases value that names no valid case; the message is one line."""
 
@@ -47,12 +48,12 @@ def parse_case_list(text: str, n: int) -> list[int]:
     return sorted(set(out))
 
 
-def select_cases(task: TaskPackage, device: str, num_cases: int, cases: Optional[str],
+def select_cases(task: TaskPackage, device: Device, num_cases: int, cases: Optional[str],
                  hidden: bool = True) -> list[CaseSpec]:
     m = task.manifest
     if cases:
         chosen = [CaseSpec(label=str(i), kind=CaseKind.CONTEST, index=i) for i in parse_case_list(cases, num_cases)]
-    elif device == "cpu":
+    elif device == Device.CPU:
         if not m or not m.smoke:
             raise TaskError(task.root, "no smoke cases for a CPU run: add [[smoke]] to optagent.toml or pass --cases")
         chosen = [CaseSpec(label=f"smoke-{k}", kind=CaseKind.SMOKE, params=p) for k, p in enumerate(m.smoke, 1)]
@@ -63,21 +64,21 @@ def select_cases(task: TaskPackage, device: str, num_cases: int, cases: Optional
     return chosen
 
 
-def choose_cases(task: TaskPackage, device: str, cases: Optional[str], hidden: bool = True) -> list[CaseSpec]:
+def choose_cases(task: TaskPackage, device: Device, cases: Optional[str], hidden: bool = True) -> list[CaseSpec]:
     """select_cases, probing the package for its case count only when contest cases are wanted."""
-    n = len(probe_task(task, cached=True).cases) if (cases or device == "cuda") else 0
+    n = len(probe_task(task, cached=True).cases) if (cases or device == Device.CUDA) else 0
     return select_cases(task, device, n, cases, hidden)
 
 
 class SandboxEvaluator:
-    def __init__(self, task: TaskPackage, device: str, cases: list[CaseSpec], timeout_s: float = 300.0,
+    def __init__(self, task: TaskPackage, device: Device, cases: list[CaseSpec], timeout_s: float = TIMEOUT_S,
                  compiler: Optional[list[str]] = None, keep_scratch: bool = False,
                  scratch_root: Optional[Path] = None, static_scan: bool = True):
-        self.task, self.device, self.cases = task, device, cases
+        self.task, self.device, self.cases = task, Device(device), cases
         self.timeout_s, self.compiler, self.keep = timeout_s, compiler, keep_scratch
         self.scratch_root = scratch_root
         self.static_scan = static_scan  # off only in tests of the dynamic defences behind it
-        self.timing = TimingSpec() if device == "cuda" else TimingSpec(min_iters=2, max_iters=3, budget_s=0.0,
+        self.timing = TimingSpec() if self.device is Device.CUDA else TimingSpec(min_iters=2, max_iters=3, budget_s=0.0,
                                                                        input_sets=2, warmup=1)
 
     def evaluate(self, source: str, language: Language, progress: Optional[ProgressSink] = None) -> EvalResult:
@@ -98,8 +99,7 @@ class SandboxEvaluator:
                               cases=[], wall_s=time.monotonic() - start)
         scratch, nonce = new_scratch(self.scratch_root)
         try:
-            suffix = ".cu" if language is Language.CUDA else ".py"
-            src = scratch / f"candidate{suffix}"
+            src = scratch / f"candidate{language.ext}"
             src.write_text(source, encoding="utf-8")
             (scratch / "outputs").mkdir()
             job = Job(mode="candidate", task_dir=str(self.task.root), device=self.device, language=language,
@@ -138,7 +138,7 @@ def probe_task(task: TaskPackage, timeout_s: float = 600.0, cached: bool = False
             pass  # unreadable or of an older format: probe again
     scratch, nonce = new_scratch()
     try:
-        job = Job(mode="probe", task_dir=str(task.root), device="cpu", nonce=nonce, scratch=str(scratch))
+        job = Job(mode="probe", task_dir=str(task.root), device=Device.CPU, nonce=nonce, scratch=str(scratch))
         run = run_worker(job, timeout_s)
     finally:
         remove_scratch(scratch)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Optional, Union
 
 from optagent.messages import M, Job, Message, parse_line, parse_messages
+from optagent.schema import Device
 
 ALLOWED_ENV = {
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SHELL",
@@ -38,12 +39,12 @@ SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.I)
 MARKER = "OPTAGENT_SANDBOX"
 
 
-def child_env(device: str, marker: str) -> dict[str, str]:
+def child_env(device: Device, marker: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k in ALLOWED_ENV and not SECRET.search(k)}
     env[MARKER] = marker  # not the nonce: the environment is readable by the candidate
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    if device == "cpu":
+    if device == Device.CPU:
         env["TRITON_INTERPRET"] = "1"
     return env
 

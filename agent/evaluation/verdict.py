@@ -15,7 +15,7 @@ from typing import Callable, Optional, TypeVar, Union
 from optagent.evaluation.sandbox import WorkerRun
 from optagent.messages import (Baseline, CaseFailed, CaseRan, CaseSpec, CaseStart, Compiled, Done, Hello, Integrity,
                                Job, Verdict, WorkerError)
-from optagent.schema import CaseResult, EvalResult, Status, worst
+from optagent.schema import Device, CaseResult, EvalResult, Status, worst
 
 # Triton compiles at the first call; under the CPU interpreter the same mistakes
 # surface as an InterpreterError wrapping the Python error.
@@ -121,7 +121,7 @@ def _claimed(job: Job, run: WorkerRun, error: Optional[WorkerError],
         base = baselines.get(spec.label)
         row = dict(case=spec.label, kind=spec.kind, sizes=base.sizes if base else None,
                    baseline=base.timing if base else None,
-                   timing_kind="cuda" if job.device == "cuda" else "cpu-interpreter")
+                   timing_kind="cuda" if job.device is Device.CUDA else "cpu-interpreter")
         msg = outcomes.get(spec.label)
         if stop or (msg is None and spec.label not in started):
             cases.append(CaseResult(status=Status.SKIPPED, reason="not run: an earlier case failed", **row))

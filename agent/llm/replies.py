@@ -19,12 +19,13 @@ _END = re.compile(r"^\s*>{5,9}\s*REPLACE\b.*$")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([^\s`]*)")
 _IDEA = re.compile(r"^[\s>*_#-]*IDEA\s*[:：]\s*(.+?)\s*$", re.IGNORECASE | re.MULTILINE)
 
-# Fence tags accepted for a whole file; a bare fence is accepted for every language.
-_TAGS: dict[Language, set[str]] = {
-    Language.TRITON: {"python", "py", "python3", "triton"},
-    Language.TILELANG: {"python", "py", "python3", "tilelang"},
-    Language.CUDA: {"cuda", "cu", "cpp", "c++", "cxx", "cc", "c"},
-}
+# Fence tags accepted for a whole file besides the language's own (Language.fence, what the
+# prompt asks for); a bare fence is accepted for every language.
+_TAGS: dict[Language, set[str]] = {lang: {lang.fence, *more} for lang, more in {
+    Language.TRITON: {"py", "python3", "triton"},
+    Language.TILELANG: {"py", "python3", "tilelang"},
+    Language.CUDA: {"cu", "cpp", "c++", "cxx", "cc", "c"},
+}.items()}
 
 
 class NoKernelError(Exception):

@@ -12,10 +12,11 @@ from typing import Optional, Sequence
 
 from markupsafe import Markup
 
-from optagent.report.run_page import _env, _is_cpu, _when
+from optagent.report.run_page import is_cpu, jinja_env, when
 from optagent.report.charts import HBarChart, speedup_bars
 from optagent.report.code import diff_lines, highlight_css, shorten
-from optagent.search.store import atomic_write, ext, unified_diff
+from optagent.schema import Device
+from optagent.search.store import atomic_write, unified_diff
 
 
 @dataclass
@@ -32,7 +33,7 @@ class BoardEntry:
 @dataclass
 class BoardGroup:
     task: str
-    device: str
+    device: Device
     device_name: str
     cpu: bool
     rows: list[BoardEntry]
@@ -43,15 +44,15 @@ def leaderboard_page(entries: Sequence) -> list[BoardGroup]:
     """Groups per task and device kind, GPU groups first; entries in leaderboard.gather()'s order."""
     groups: dict[tuple[bool, str], list] = {}
     for e in entries:
-        cpu = e.config.device == "cpu" or _is_cpu([e.result])
+        cpu = e.config.device is Device.CPU or is_cpu([e.result])
         groups.setdefault((cpu, e.config.task_name), []).append(e)
     out = []
     for (cpu, task), es in sorted(groups.items(), key=lambda kv: kv[0]):
         rows = []
         for i, e in enumerate(es if cpu else sorted(es, key=lambda e: -e.speedup), 1):
-            planner = e.config.planner + (f"/{e.config.model}" if e.config.model else "")
-            x = ext(e.config.language)
-            rows.append(BoardEntry(None if cpu else i, e, planner, e.floor_pct, _when(e.config.created_at),
+            planner = e.config.planner.value + (f"/{e.config.model}" if e.config.model else "")
+            x = e.config.language.ext
+            rows.append(BoardEntry(None if cpu else i, e, planner, e.floor_pct, when(e.config.created_at),
                                    diff_lines(unified_diff(e.starter, e.source, f"starter{x}", f"best{x}")),
                                    re.sub(r"[^A-Za-z0-9_-]", "-", e.config.run_id)))
         chart = None if cpu else speedup_bars([
@@ -59,15 +60,15 @@ def leaderboard_page(entries: Sequence) -> list[BoardGroup]:
              f"{r.entry.config.run_id}\n{r.planner}, {r.entry.config.language.value}\n"
              f"{r.entry.speedup:.2f}x geomean speedup") for r in rows])
         name = "CPU" if cpu else next((e.result.device_name for e in es if e.result.device_name), None) or "GPU"
-        out.append(BoardGroup(task, "cpu" if cpu else "cuda", name, cpu, rows, chart))
+        out.append(BoardGroup(task, Device.CPU if cpu else Device.CUDA, name, cpu, rows, chart))
     return out
 
 
 def render_leaderboard(entries: Sequence) -> str:
     """The leaderboard (leaderboard.gather()'s entries) as a self-contained HTML page."""
-    return _env().get_template("leaderboard.html.j2").render(
+    return jinja_env().get_template("leaderboard.html.j2").render(
         groups=leaderboard_page(entries), highlight_css=Markup(highlight_css()),  # noqa: S704
-        generated=_when(datetime.now(timezone.utc)), total=len(entries))
+        generated=when(datetime.now(timezone.utc)), total=len(entries))
 
 
 def write_leaderboard_html(entries: Sequence, path: Path) -> Path:

@@ -70,7 +70,7 @@ def _pygments():
     from pygments.formatters import HtmlFormatter
     from pygments.lexers import CudaLexer, PythonLexer
 
-    return highlight, HtmlFormatter, {"cuda": CudaLexer, "python": PythonLexer}
+    return highlight, HtmlFormatter, {Language.CUDA.fence: CudaLexer, Language.TRITON.fence: PythonLexer}
 
 
 USE_PYGMENTS = True  # tests turn it off to exercise the fallback
@@ -91,7 +91,7 @@ def highlight_lines(source: str, language: Language) -> list[Markup]:
         text = _fallback_highlight(source, language)
     else:
         highlight, formatter, lexers = lib
-        lexer = lexers["cuda" if language is Language.CUDA else "python"](stripnl=False, ensurenl=False)
+        lexer = lexers[language.fence](stripnl=False, ensurenl=False)
         text = highlight(source, lexer, formatter(nowrap=True))
     lines = text.split("\n")
     if lines and lines[-1] == "" and source.endswith("\n"):

@@ -16,8 +16,8 @@ from typing import Optional, Sequence
 from rich.console import Console
 from rich.table import Table
 
-from optagent.schema import EvalResult, RunConfig
-from optagent.search.store import RunError, ext, list_runs, unified_diff
+from optagent.schema import Device, EvalResult, RunConfig
+from optagent.search.store import RunError, list_runs, unified_diff
 from optagent.cli.views import fmt, keep_ids_whole
 
 
@@ -37,7 +37,7 @@ class Entry:
     def cpu(self) -> bool:
         """Run on the CPU: its figures say the kernel works, not how fast it is."""
         r = self.result
-        return self.config.device == "cpu" or r.device == "cpu" or \
+        return self.config.device is Device.CPU or r.device is Device.CPU or \
             any(c.timing_kind in ("cpu-interpreter", "cpu") for c in r.cases)
 
     @property
@@ -103,8 +103,8 @@ CPU_NOTE = ("run on the CPU (Triton's interpreter): the kernel passed the checks
 def as_json(entries: list[Entry], damaged: Sequence[Damaged] = ()) -> list[dict]:
     """The ranked runs, then the damaged ones (every key present, null, with an error naming the file)."""
     rank = ranks(entries)
-    rows = [{"run_id": e.config.run_id, "task": e.config.task_name, "device": e.config.device,
-             "language": e.config.language.value, "planner": e.config.planner, "model": e.config.model,
+    rows = [{"run_id": e.config.run_id, "task": e.config.task_name, "device": e.config.device.value,
+             "language": e.config.language.value, "planner": e.config.planner.value, "model": e.config.model,
              "rank": rank[e.config.run_id], "ranked_by_speed": not e.cpu, "best_is_starter": e.is_starter,
              "geomean_speedup": e.speedup, "mean_pct_of_floor": e.floor_pct, "path": str(e.path), "error": None}
             for e in entries]
@@ -114,7 +114,7 @@ def as_json(entries: list[Entry], damaged: Sequence[Damaged] = ()) -> list[dict]
 
 
 def _planner(e: Entry) -> str:
-    return e.config.planner + (f"/{e.config.model}" if e.config.model else "")
+    return e.config.planner.value + (f"/{e.config.model}" if e.config.model else "")
 
 
 def print_board(con: Console, entries: list[Entry], diff: bool = False) -> None:
@@ -125,7 +125,7 @@ def print_board(con: Console, entries: list[Entry], diff: bool = False) -> None:
         for col in ("rank", "task", "device", "geomean", "% floor", "kernel", "planner", "lang", "run"):
             t.add_column(col, max_width=24 if col == "planner" else None)
         for e in gpu:
-            t.add_row(str(rank[e.config.run_id]), e.config.task_name, e.result.device_name or e.config.device,
+            t.add_row(str(rank[e.config.run_id]), e.config.task_name, e.result.device_name or e.config.device.value,
                       f"{e.speedup:.2f}x", fmt(e.floor_pct, ".0f", "%"), e.kernel_note, _planner(e),
                       e.config.language.value, e.config.run_id)
         keep_ids_whole(t, -1, con)
@@ -142,7 +142,7 @@ def print_board(con: Console, entries: list[Entry], diff: bool = False) -> None:
     if diff:
         for e in entries:
             con.rule(f"{e.config.run_id}  ({'CPU interpreter' if e.cpu else f'{e.speedup:.2f}x'})")
-            x = ext(e.config.language)
+            x = e.config.language.ext
             con.print(unified_diff(e.starter, e.source, f"starter{x}", f"best{x}") or "(identical to the starter)",
                       markup=False, highlight=False)
 
@@ -157,9 +157,9 @@ def export(entries: list[Entry], out: Path) -> list[Path]:
             chosen[e.config.task_name] = e
     written = []
     for task, e in chosen.items():
-        d = out / task / ("cpu" if e.cpu else e.config.device)
+        d = out / task / (Device.CPU if e.cpu else e.config.device).value
         d.mkdir(parents=True, exist_ok=True)
-        kernel = d / f"submit{ext(e.config.language)}"
+        kernel = d / f"submit{e.config.language.ext}"
         kernel.write_text(e.source, encoding="utf-8")
         note = {"note": CPU_NOTE} if e.cpu else {}
         (d / "result.json").write_text(json.dumps({"run_id": e.config.run_id, **note,

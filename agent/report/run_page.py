@@ -19,8 +19,8 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
 from optagent import __version__
-from optagent.schema import EvalResult, Language, StepOutcome
-from optagent.search.store import RunStore, atomic_write, ext, read_text, unified_diff
+from optagent.schema import Device, EvalResult, Language, StepOutcome
+from optagent.search.store import RunStore, atomic_write, read_text, unified_diff
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -33,7 +33,7 @@ from optagent.report.code import (highlight_css, highlight_lines, diff_lines, er
 # ----------------------------------------------------------------------------
 
 
-def _env() -> Environment:
+def jinja_env() -> Environment:
     env = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=True, undefined=StrictUndefined,
                       trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     env.filters.update(num=num, us=us, sci=sci, first_line=first_line)
@@ -41,7 +41,7 @@ def _env() -> Environment:
     return env
 
 
-def _when(dt: Optional[datetime]) -> str:
+def when(dt: Optional[datetime]) -> str:
     if dt is None:
         return "–"
     return dt.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -54,11 +54,11 @@ def _duration(seconds: float) -> str:
     return f"{h}h {m:02d}m" if h else (f"{m}m {s:02d}s" if m else f"{s}s")
 
 
-def _is_cpu(results: Iterable[Optional[EvalResult]]) -> bool:
+def is_cpu(results: Iterable[Optional[EvalResult]]) -> bool:
     for r in results:
         if r is None:
             continue
-        if r.device == "cpu" or any(c.timing_kind in ("cpu-interpreter", "cpu") for c in r.cases):
+        if r.device is Device.CPU or any(c.timing_kind in ("cpu-interpreter", "cpu") for c in r.cases):
             return True
     return False
 
@@ -140,11 +140,11 @@ def run_page(store: RunStore) -> RunPage:
         best_step = next((s.index for s in reversed(steps) if s.outcome in (StepOutcome.ACCEPTED,
                                                                              StepOutcome.BASELINE)), None)
     results = [s.result for s in steps] + [best_result]
-    cpu = cfg.device == "cpu" or _is_cpu(results)
+    cpu = cfg.device is Device.CPU or is_cpu(results)
     last = next((r for r in reversed(results) if r is not None), None)
     gpu = next((r.gpu for r in reversed(results) if r is not None and r.gpu), None)
     device_name = next((r.device_name for r in reversed(results) if r is not None and r.device_name), None)
-    device_label = cfg.device + (f" ({device_name})" if device_name else "")
+    device_label = cfg.device.value + (f" ({device_name})" if device_name else "")
     if cpu:
         device_label += ", Triton CPU interpreter" if cfg.language is Language.TRITON else ", CPU"
 
@@ -187,7 +187,7 @@ def run_page(store: RunStore) -> RunPage:
         tokens = state.usage.prompt_tokens + state.usage.completion_tokens
         cost = state.usage.cost_usd
     wall = _duration((steps[-1].finished_at - steps[0].started_at).total_seconds()) if steps else "–"
-    x = ext(cfg.language)
+    x = cfg.language.ext
     starter = store.starter
     if best_source is not None:
         patch = store.path / "best" / "diff.patch"
@@ -203,8 +203,8 @@ def run_page(store: RunStore) -> RunPage:
     if cfg.budget_usd is not None:
         limits.append(("budget", f"${cfg.budget_usd:.2f}"))
     return RunPage(
-        title=f"{cfg.task_name}: optagent run {cfg.run_id}", config=cfg, state=state, created=_when(cfg.created_at),
-        updated=_when(state.updated_at if state else None), wall=wall, device_label=device_label, gpu=gpu,
+        title=f"{cfg.task_name}: optagent run {cfg.run_id}", config=cfg, state=state, created=when(cfg.created_at),
+        updated=when(state.updated_at if state else None), wall=wall, device_label=device_label, gpu=gpu,
         baseline_label=(best_result or last).baseline_label if (best_result or last) else None, cpu=cpu,
         steps=len(steps), best_step=best_step if best_result else None,
         best_speedup=best_result.geomean_speedup if best_result else None,
@@ -217,14 +217,14 @@ def run_page(store: RunStore) -> RunPage:
         unfinished=(f"step {unfinished[0]} was proposed ({unfinished[1].idea}) but its evaluation never finished"
                     if unfinished else None),
         highlight_css=Markup(highlight_css()),  # noqa: S704 - generated CSS, no user text
-        generated=_when(datetime.now(timezone.utc)), limits=limits)
+        generated=when(datetime.now(timezone.utc)), limits=limits)
 
 
 def render_run_report(store: RunStore) -> str:
     """One run as a self-contained HTML page."""
     page = run_page(store)
-    return _env().get_template("run_report.html.j2").render(page=page, highlight_css=page.highlight_css,
-                                                            generated=page.generated)
+    return jinja_env().get_template("run_report.html.j2").render(page=page, highlight_css=page.highlight_css,
+                                                                 generated=page.generated)
 
 
 # ----------------------------------------------------------------------------

@@ -15,7 +15,6 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from optagent.schema import Language
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -75,10 +74,6 @@ def atomic_write(path: Path, text: str) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-
-
-def ext(language: Language) -> str:
-    return ".cu" if language is Language.CUDA else ".py"
 
 
 def unified_diff(a: str, b: str, a_name: str = "starter", b_name: str = "best") -> str:

@@ -38,9 +38,9 @@ from pydantic import BaseModel
 from optagent.schema import EvalResult, Language, Proposal, RunConfig, RunState, Step
 from optagent.search import run_files
 # Re-exported: readers of runs (report, leaderboard, cli) import them from here.
-from optagent.search.run_files import RunError, atomic_write, ext, read_record, read_text, unified_diff
+from optagent.search.run_files import RunError, atomic_write, read_record, read_text, unified_diff
 
-__all__ = ["RunError", "RunStore", "atomic_write", "ext", "list_runs", "new_run_id", "read_record", "read_text",
+__all__ = ["RunError", "RunStore", "atomic_write", "list_runs", "new_run_id", "read_record", "read_text",
            "runs_dir", "unified_diff"]
 
 LOCK_WAIT_S = 1.0  # a reader's probe holds the lock for microseconds; a driver waits that out
@@ -80,7 +80,7 @@ class RunStore:
             raise RunError(f"{path}: cannot create the run's folder: {e.strerror or e}") from None
         store = cls(path)
         run_files.atomic_write(path / "config.json", config.model_dump_json(indent=2))
-        run_files.atomic_write(path / f"starter{ext(config.language)}", starter)
+        run_files.atomic_write(path / f"starter{config.language.ext}", starter)
         return store
 
     @classmethod
@@ -169,7 +169,7 @@ class RunStore:
 
     @cached_property
     def starter(self) -> str:  # written once, at creation
-        return run_files.read_text(self.path / f"starter{ext(self.config.language)}")
+        return run_files.read_text(self.path / f"starter{self.config.language.ext}")
 
     def step_dir(self, index: int) -> Path:
         return self.path / "steps" / f"{index:04d}"
@@ -220,7 +220,7 @@ class RunStore:
 
         check(self.path / "config.json", RunConfig)
         if not found:
-            check(self.path / f"starter{ext(self.config.language)}")
+            check(self.path / f"starter{self.config.language.ext}")
         for name, model in (("state.json", RunState), ("best/result.json", EvalResult)):
             if (self.path / name).exists():
                 check(self.path / name, model)
@@ -234,7 +234,7 @@ class RunStore:
 
     # -- writing: every file through run_files.atomic_write -----------------------
     def save_candidate(self, index: int, source: str, language: Language) -> None:
-        run_files.atomic_write(self.step_dir(index) / f"candidate{ext(language)}", source)
+        run_files.atomic_write(self.step_dir(index) / f"candidate{language.ext}", source)
 
     def save_proposal(self, index: int, proposal: Proposal, language: Language) -> None:
         if proposal.source is not None:  # first: a saved proposal always has its candidate beside it
@@ -250,10 +250,10 @@ class RunStore:
     def save_best(self, source: str, result: EvalResult) -> None:
         language = self.config.language
         d = self.path / "best"
-        run_files.atomic_write(d / f"kernel{ext(language)}", source)
+        run_files.atomic_write(d / f"kernel{language.ext}", source)
         run_files.atomic_write(d / "result.json", result.model_dump_json(indent=2))
-        run_files.atomic_write(d / "diff.patch", unified_diff(self.starter, source, f"starter{ext(language)}",
-                                                              f"best{ext(language)}"))
+        run_files.atomic_write(d / "diff.patch", unified_diff(self.starter, source, f"starter{language.ext}",
+                                                              f"best{language.ext}"))
 
     def save_state(self, state: RunState) -> None:
         run_files.atomic_write(self.path / "state.json", state.model_dump_json(indent=2))

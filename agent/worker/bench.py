@@ -20,17 +20,18 @@ import torch
 
 from optagent.worker import host_speed
 from optagent.cache import cache_root, write_json
+from optagent.schema import Device
 
 # Bound now: a candidate that patches torch.cuda.Event or time.perf_counter later
 # does not touch these, and integrity() notices the patch.
-_perf_counter = time.perf_counter
+perf_counter = time.perf_counter
 _Event = torch.cuda.Event
 _elapsed_time = torch.cuda.Event.elapsed_time
 _record = torch.cuda.Event.record
 _synchronize = torch.cuda.synchronize
-_OWN = ("_perf_counter", "_Event", "_elapsed_time", "_record", "_synchronize")  # same order as _CAPTURED
+_OWN = ("perf_counter", "_Event", "_elapsed_time", "_record", "_synchronize")  # same order as _CAPTURED
 _CAPTURED = {
-    "time.perf_counter": (time, "perf_counter", _perf_counter),
+    "time.perf_counter": (time, "perf_counter", perf_counter),
     "torch.cuda.Event": (torch.cuda, "Event", _Event),
     "torch.cuda.Event.elapsed_time": (torch.cuda.Event, "elapsed_time", _elapsed_time),
     "torch.cuda.Event.record": (torch.cuda.Event, "record", _record),
@@ -77,23 +78,23 @@ def stats(samples_us: list[float]) -> dict:
 
 
 class Timer:
-    def __init__(self, device: str, min_iters: int, max_iters: int, budget_s: float, warmup: int):
+    def __init__(self, device: Device, min_iters: int, max_iters: int, budget_s: float, warmup: int):
         self.device = device
         self.min_iters, self.max_iters, self.budget_s, self.warmup = min_iters, max_iters, budget_s, warmup
         self._flush: Optional[torch.Tensor] = None
         # GPU timings only: CPU-interpreter runs check correctness and their times are labels,
         # and a retried loop would make their few timed calls many
-        self.host_conditioned = device == "cuda"
+        self.host_conditioned = device == Device.CUDA
         self._usual_probe = (host_speed.usual_probe_us(min(host_speed.probe_us() for _ in range(200)))
                              if self.host_conditioned else 0.0)
         self._wait_left = HOST_WAIT_TOTAL_S
-        if device == "cuda":
+        if device == Device.CUDA:
             l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
             self._flush = torch.empty(max(4 * l2, 256 << 20), dtype=torch.uint8, device="cuda")
             self._sync_us = self._sync_overhead()
 
     def _sync(self) -> None:
-        if self.device == "cuda":
+        if self.device == Device.CUDA:
             _synchronize()
 
     def flush_l2(self) -> None:
@@ -104,9 +105,9 @@ class Timer:
         samples = []
         for _ in range(50):
             _synchronize()
-            t0 = _perf_counter()
+            t0 = perf_counter()
             _synchronize()
-            samples.append((_perf_counter() - t0) * 1e6)
+            samples.append((perf_counter() - t0) * 1e6)
         return statistics.median(samples)
 
     def _more(self, i: int, start: float) -> bool:
@@ -115,7 +116,7 @@ class Timer:
         four budgets, so that a slow starter does not take minutes per case."""
         if i >= self.max_iters:
             return False
-        spent = _perf_counter() - start
+        spent = perf_counter() - start
         if i < min(SLOW_MIN_ITERS, self.min_iters):
             return True
         return spent < (4 * self.budget_s if i < self.min_iters else self.budget_s)
@@ -126,21 +127,21 @@ class Timer:
         with _no_gc():
             result = self._eager(fn, arg_sets, after)
             if result["host_slow"] and self._wait_left > 0 and self.host_conditioned:
-                t0 = _perf_counter()
+                t0 = perf_counter()
                 usual = host_speed.wait_for_usual(self._usual_probe, min(HOST_WAIT_S, self._wait_left))
-                self._wait_left -= _perf_counter() - t0
+                self._wait_left -= perf_counter() - t0
                 if usual:  # the retry's calls go through `after` too: their outputs are checked alike
                     again = self._eager(fn, arg_sets, after)
                     result = min(result, again, key=lambda r: (r["host_slow"], r["median_us"]))
             return result
 
     def _eager(self, fn: Callable, arg_sets: list[list], after: Optional[Callable]) -> dict:
-        t0 = _perf_counter()
+        t0 = perf_counter()
         i = 0
         # at least `warmup` calls and WARM_S seconds: the host's and the GPU's clocks ramp up
         # over tens of milliseconds after an idle spell, longer than ten fast calls take
-        while i < self.warmup or (self.device == "cuda" and _perf_counter() - t0 < WARM_S):
-            if i >= 2 and _perf_counter() - t0 > self.budget_s:
+        while i < self.warmup or (self.device == Device.CUDA and perf_counter() - t0 < WARM_S):
+            if i >= 2 and perf_counter() - t0 > self.budget_s:
                 break  # a slow kernel is warm after two calls
             fn(*arg_sets[i % len(arg_sets)])
             if after is not None:  # a warm-up answer left in the output must not pass as a timed one
@@ -150,18 +151,18 @@ class Timer:
         self._sync()
         samples: list[float] = []
         probes: list[float] = []
-        start = _perf_counter()
+        start = perf_counter()
         i = 0
         while self._more(i, start):
             args = arg_sets[i % len(arg_sets)]
             self.flush_l2()
             self._sync()
             probes.append(host_speed.probe_us())
-            t0 = _perf_counter()
+            t0 = perf_counter()
             fn(*args)
             self._sync()
-            elapsed = (_perf_counter() - t0) * 1e6
-            if self.device == "cuda":
+            elapsed = (perf_counter() - t0) * 1e6
+            if self.device == Device.CUDA:
                 elapsed = max(elapsed - self._sync_us, 0.5)
             samples.append(elapsed)
             if after is not None:
@@ -174,7 +175,7 @@ class Timer:
 
     def gpu(self, fn: Callable, arg_sets: list[list], capturable: bool = True) -> tuple[Optional[dict], Optional[str]]:
         """GPU time: CUDA-graph replay where the kernel can be captured, else events around the call."""
-        if self.device != "cuda":
+        if self.device != Device.CUDA:
             return None, "no GPU"
         with _no_gc():
             if not capturable:
@@ -190,7 +191,7 @@ class Timer:
         """
         start, end = _Event(enable_timing=True), _Event(enable_timing=True)
         samples: list[float] = []
-        start_s = _perf_counter()
+        start_s = perf_counter()
         i = 0
         while self._more(i, start_s):
             _synchronize()

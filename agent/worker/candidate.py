@@ -24,7 +24,7 @@ from optagent.worker.guard import lock_imports, watch_host_compute
 from optagent.worker.harness import TaskRuntime, float_scales, poison, refresh_floats, run_baseline, same_bits
 from optagent.messages import (Baseline, CaseFailed, CaseRan, CaseSpec, CaseStart, Channel, Compiled, Done, Hello,
                                Integrity, Job, Phase, PhaseStarted, Sample)
-from optagent.schema import CaseKind, Status, Timing
+from optagent.schema import CaseKind, Device, Status, Timing
 
 SAMPLED_CALLS = 4  # timed calls, drawn at random, whose outputs the judge checks besides each set's last
 # Fewer drawn calls where outputs are huge (a 16k-token prefill writes 1 GiB per call): each
@@ -43,14 +43,14 @@ class Candidate:
         self.rt = TaskRuntime(job.task_dir, job.device)
         t = job.timing
         self.timer = bench.Timer(job.device, t.min_iters, t.max_iters, t.budget_s, t.warmup)
-        self.sync = torch.cuda.synchronize if job.device == "cuda" else (lambda: None)
+        self.sync = torch.cuda.synchronize if job.device is Device.CUDA else (lambda: None)
         self.out_dir = Path(job.outputs_dir or job.scratch)
         self.rng = random.Random()  # not the job's seed: the kernel cannot predict which calls are checked
 
     def run(self) -> None:
         job, chan, rt = self.job, self.chan, self.rt
-        facts = bench.gpu_facts() if job.device == "cuda" else None
-        name = torch.cuda.get_device_name(0) if job.device == "cuda" else "cpu"
+        facts = bench.gpu_facts() if job.device is Device.CUDA else None
+        name = torch.cuda.get_device_name(0) if job.device is Device.CUDA else Device.CPU.value
         chan.send(Hello(baseline_label=rt.baseline_label, device_name=name, gpu=facts))
         self._baselines()
         backend = backend_for(job.language, job.device, job.compiler, job.compile_timeout_s)
@@ -66,14 +66,14 @@ class Candidate:
         threads = _threads()
         for n, case in enumerate(job.cases):
             chan.send(CaseStart(case=case.label))
-            t0 = bench._perf_counter()
+            t0 = bench.perf_counter()
             try:
                 fn = backend.load_fresh(f"{n}_{case.label}")
             except (CompileError, Unsupported) as e:
                 status = Status.UNSUPPORTED if isinstance(e, Unsupported) else Status.COMPILE_ERROR
                 chan.send(CaseFailed(case=case.label, status=status, reason=str(e)))
                 return
-            load_ms = (bench._perf_counter() - t0) * 1e3
+            load_ms = (bench.perf_counter() - t0) * 1e3
             samples = self._checked_runs(n, case, fn)
             if samples is None:
                 return

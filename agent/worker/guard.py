@@ -16,7 +16,7 @@ import threading
 from importlib.abc import MetaPathFinder
 from typing import Callable, Optional
 
-from optagent.evaluation.checks import LIBRARIES, _table
+from optagent.evaluation.checks import LIBRARIES, table
 
 # The whole optagent package, not only this folder: the harness calls into optagent's shared records too.
 OPTAGENT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -57,7 +57,7 @@ class ImportBlocker(MetaPathFinder):
 # optagent's own frames are trusted. ctypes.call_function is skipped: it fires on every call
 # of a CUDA candidate (and a candidate cannot get a foreign function without the refused
 # ctypes.dlopen/dlsym).
-EVENT_WHY = _table({  # the longest matching prefix names what the event does
+EVENT_WHY = table({  # the longest matching prefix names what the event does
     "signal processes": "os.kill os.killpg signal.", "fork processes": "os.fork os.forkpty", "open a file": "open",
     "run other programs": "os.system os.exec os.spawn os.posix_spawn subprocess. pty.", "touch files": "shutil. glob.",
     "use the operating system": "os. tempfile.", "call native code": "ctypes.", "reach into the interpreter": "sys.",

@@ -45,7 +45,7 @@ class TaskRuntime:
 
     def __init__(self, task_dir: str, device: str):
         self.task = load_task(task_dir)
-        self.device = device
+        self.device = str(device)  # a plain "cuda"/"cpu" for the task's own code, not the Device enum
         self.manifest: Optional[Manifest] = self.task.manifest
         self.standin = False
         if not flash_attn_available():

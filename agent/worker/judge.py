@@ -21,7 +21,7 @@ from optagent.worker.harness import TaskRuntime, clone_args, float_scales, refre
 from optagent.worker.interpreter_faults import blame_interpreter
 from optagent.messages import (CaseSpec, Channel, Done, Finding, Job, Phase, PhaseStarted, Probed, ProbedCase,
                                ProbedExtra, Sample, Verdict)
-from optagent.schema import CaseKind, Status
+from optagent.schema import CaseKind, Device, Status
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -97,7 +97,7 @@ def judge(job: Job, chan: Channel) -> None:
     rt = TaskRuntime(job.task_dir, job.device)
     bandwidth: Optional[float] = None
     tflops: Optional[float] = None
-    if job.device == "cuda" and rt.hooks is not None:
+    if job.device is Device.CUDA and rt.hooks is not None:
         from optagent.worker.bench import measured_bandwidth_gbs, measured_matmul_tflops
 
         bandwidth = measured_bandwidth_gbs() if hasattr(rt.hooks, "bytes_moved") else None
@@ -124,7 +124,7 @@ def judge(job: Job, chan: Channel) -> None:
             if tflops:
                 floors["compute_floor_us"] = rt.hooks.flops(args) / (tflops * 1e6)
         result = worst or Finding(status=Status.PASSED)
-        if job.device == "cpu" and result.status is Status.INCORRECT:
+        if job.device is Device.CPU and result.status is Status.INCORRECT:
             result = blame_interpreter(result, job.source_fp8, _rebuild(rt, case, samples[0])[0])
         # the failing sample's own errors, where it measured them, over the running maxima
         chan.send(Verdict(case=case.label, **{**agg, **result.model_dump(exclude_none=True)}, **floors))

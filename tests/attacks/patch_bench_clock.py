@@ -1,6 +1,6 @@
 """Attack class: timer tricks (patched harness clock).
 Attack: reaches the harness's own timer module through torch.sys.modules and slows the
-clock it captured at import (optagent.worker.bench._perf_counter).
+clock it captured at import (optagent.worker.bench.perf_counter).
 Expected verdict: REJECTED -- "torch.sys" (statically).  With the scan bypassed: REJECTED
 "patched the harness's timers" (bench.patched_timers() watches the captured clocks too), and
 on a GPU its times are also below the physical floor.
@@ -16,9 +16,9 @@ BLOCK_N = 16
 
 _bench = torch.sys.modules.get("optagent.worker.bench")
 if _bench is not None:
-    _clock = _bench._perf_counter
+    _clock = _bench.perf_counter
     _t0 = _clock()
-    _bench._perf_counter = lambda: _t0 + (_clock() - _t0) / 10
+    _bench.perf_counter = lambda: _t0 + (_clock() - _t0) / 10
 
 
 @triton.jit

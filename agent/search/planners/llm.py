@@ -13,16 +13,13 @@ from optagent.llm.edits import EditError, kernel_from_reply
 from optagent.llm.replies import NoKernelError, extract_idea
 from optagent.llm.prompts import render
 from optagent.protocols import LLM, Attempt, PlannerContext
-from optagent.schema import EvalResult, Language, Proposal, Status, StepOutcome, Usage
+from optagent.schema import EvalResult, PlannerKind, Proposal, Status, StepOutcome, Usage
 
 RECENT_ATTEMPTS = 5  # attempts shown in detail; older ones only in the ledger
 LEDGER_MAX = 60
 _ERROR_LINES, _ERROR_CHARS = 40, 3000
 _LOG_LINES = 30
 NO_IDEA = "(the reply states no idea)"
-
-_FENCE_TAG = {Language.TRITON: "python", Language.TILELANG: "python", Language.CUDA: "cuda"}
-
 
 # ---------------------------------------------------------------- the context, ready to render
 
@@ -111,7 +108,7 @@ def prompt_vars(ctx: PlannerContext, feedback: str = "", whole_file: bool = Fals
         "statement": ctx.statement.strip(),
         "contract": ctx.contract.strip(),
         "language": ctx.language.value,
-        "fence": _FENCE_TAG[ctx.language],
+        "fence": ctx.language.fence,
         "best_source": ctx.best_source.rstrip("\n"),
         "best_is_starter": ctx.best_source.strip() == ctx.starter_source.strip(),
         "best": _result_view(ctx.best_result),
@@ -165,7 +162,7 @@ def proposal_from_reply(
 
 
 class LLMPlanner:
-    name = "llm"
+    name = PlannerKind.LLM
 
     def __init__(self, llm: LLM, max_edit_failures: int = 2) -> None:
         self.llm = llm

@@ -22,7 +22,7 @@ from typing import Iterator, Optional
 
 from optagent.search.knobs import find_knobs, set_knobs
 from optagent.protocols import PlannerContext, PlannerExhausted
-from optagent.schema import Language, Proposal
+from optagent.schema import Language, PlannerKind, Proposal
 
 try:
     import tomllib
@@ -86,7 +86,7 @@ def spread_settings(source: str, count: int = 3) -> list[dict[str, int]]:
 
 
 class OfflinePlanner:
-    name = "offline"
+    name = PlannerKind.OFFLINE
     model: Optional[str] = None
 
     def __init__(self, language: Language, family: Optional[str], params: list[str]):

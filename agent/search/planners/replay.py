@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from optagent.protocols import PlannerContext, PlannerExhausted
-from optagent.schema import Proposal
+from optagent.schema import PlannerKind, Proposal
 from optagent.search.planners.llm import proposal_from_reply
 
 
@@ -48,7 +48,7 @@ def load_replies(path: Union[str, Path]) -> list[dict]:
 
 
 class ReplayPlanner:
-    name = "replay"
+    name = PlannerKind.REPLAY
     model: Optional[str] = None
 
     def __init__(self, path: Union[str, Path]) -> None:

@@ -9,31 +9,11 @@ where each case runs in its own process.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Callable, Protocol
-
-from optagent.schema import Language
+from optagent.schema import Device, Language
+from optagent.worker.backends.base import Backend, CompileError, Refused, Unsupported  # noqa: F401 (the package's API)
 
 
-class CompileError(Exception):
-    """The candidate does not build; the message is what the user needs to see."""
-
-
-class Unsupported(Exception):
-    """The candidate's language cannot run here; the message says why."""
-
-
-class Refused(Exception):
-    """The candidate builds but does what a kernel may not (object_scan.py): REJECTED."""
-
-
-class Backend(Protocol):
-    def prepare(self, source_path: Path, scratch: Path) -> None: ...
-
-    def load_fresh(self, tag: str) -> Callable: ...
-
-
-def backend_for(language: Language, device: str, compiler: list[str] | None, compile_timeout_s: float) -> Backend:
+def backend_for(language: Language, device: Device, compiler: list[str] | None, compile_timeout_s: float) -> Backend:
     if language is Language.CUDA:
         from optagent.worker.backends.cuda import CudaBackend
 

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from optagent.cache import cache_root
+from optagent.schema import Device
 from optagent.worker.object_scan import scan_cuda_object
-from optagent.worker.backends import CompileError, Refused
+from optagent.worker.backends.base import CompileError, Refused
 
 DEFAULT_COMPILER = "nvcc -O3 -shared -Xcompiler -fPIC -lineinfo {arch} -o {out} {src}"
 LINK_FLAGS = ("-l", "-L")  # given to the link step only, when the build is two steps
@@ -56,8 +57,8 @@ def parse_signature(source: str) -> list:
     return types
 
 
-def _arch_flag(device: str) -> str:
-    if device == "cuda":
+def _arch_flag(device: Device) -> str:
+    if device == Device.CUDA:
         import torch
 
         major, minor = torch.cuda.get_device_capability()
@@ -75,7 +76,7 @@ class CudaBackend:
     # capture on torch's capture stream does not record: time it with events.
     graph_capturable = False
 
-    def __init__(self, device: str, compiler: list[str] | None, compile_timeout_s: float):
+    def __init__(self, device: Device, compiler: list[str] | None, compile_timeout_s: float):
         self.device = device
         self.compiler = compiler or shlex.split(os.environ.get("OPTAGENT_NVCC", DEFAULT_COMPILER))
         self.timeout = compile_timeout_s
@@ -138,8 +139,8 @@ class CudaBackend:
         self.library = cached
 
     def load_fresh(self, tag: str) -> Callable:
-        if self.device != "cuda":
-            from optagent.worker.backends import Unsupported
+        if self.device != Device.CUDA:
+            from optagent.worker.backends.base import Unsupported
 
             raise Unsupported("compiled; running CUDA kernels needs a CUDA GPU")
         assert self.library is not None
@@ -161,7 +162,7 @@ class CudaBackend:
         return run_kernel
 
 
-def build_all(paths: Sequence[Path], device: str = "cuda", timeout_s: float = 600) -> dict[Path, str]:
+def build_all(paths: Sequence[Path], device: Device = Device.CUDA, timeout_s: float = 600) -> dict[Path, str]:
     """Builds every source into the build cache at once (one nvcc uses one core), each in
     its own folder's scratch; returns why each one that failed did, by path."""
     def build(path: Path) -> str:

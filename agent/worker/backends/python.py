@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Callable
 
 from optagent.evaluation.checks import python_syntax_error
-from optagent.schema import Language
-from optagent.worker.backends import CompileError, Unsupported
+from optagent.schema import Device, Language
+from optagent.worker.backends.base import CompileError, Unsupported
 
 
 class PythonBackend:
-    def __init__(self, language: Language, device: str):
+    def __init__(self, language: Language, device: Device):
         self.language = language
         self.device = device
         self.source_path: Path | None = None
@@ -24,7 +24,7 @@ class PythonBackend:
         if self.language is Language.TILELANG:
             if importlib.util.find_spec("tilelang") is None:
                 raise Unsupported("TileLang is not installed in this environment (pip install tilelang)")
-            if self.device != "cuda":
+            if self.device != Device.CUDA:
                 raise Unsupported("TileLang kernels need a CUDA GPU; none is visible")
         bad = python_syntax_error(source_path.read_text(encoding="utf-8"))
         if bad:

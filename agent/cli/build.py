@@ -1,0 +1,71 @@
+"""The one place that picks concrete classes: the evaluator and the planner every command uses.
+
+The loop and the commands see only the protocols (optagent.protocols); what stands behind
+them is chosen here, from the command's options or from a run's recorded config.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Optional
+
+from optagent.cli.inputs import UserError
+from optagent.evaluation.evaluator import TIMEOUT_S, SandboxEvaluator, choose_cases
+from optagent.protocols import Evaluator, Planner
+from optagent.schema import Device, PlannerKind, RunConfig
+from optagent.search.loop import Limits
+from optagent.task import TaskPackage
+
+
+def build_evaluator(task: TaskPackage, device: Device, cases: Optional[str], *, hidden: bool = True,
+                    timeout_s: float = TIMEOUT_S, compiler: Optional[str] = None,
+                    keep_scratch: bool = False) -> Evaluator:
+    """The sandboxed evaluator on ``cases`` (a --cases list; None: every contest case on a GPU, the
+    smoke cases on the CPU), hidden cases added unless ``hidden`` is off. A bad list is a CaseListError."""
+    chosen = choose_cases(task, device, cases, hidden=hidden)
+    return SandboxEvaluator(task, device, chosen, timeout_s=timeout_s,
+                            compiler=shlex.split(compiler) if compiler else None, keep_scratch=keep_scratch)
+
+
+def run_evaluator(config: RunConfig, task: TaskPackage) -> Evaluator:
+    """A run's evaluator, from its recorded config (the same on resume as at the start)."""
+    return build_evaluator(task, config.device, config.cases, hidden=config.hidden, timeout_s=config.timeout_s,
+                           compiler=config.compiler)
+
+
+def run_limits(config: RunConfig) -> Limits:
+    return Limits(min_gain=config.min_gain, patience=config.patience, max_steps=config.max_steps,
+                  time_limit_s=config.time_limit_s, budget_usd=config.budget_usd)
+
+
+def build_planner(config: RunConfig, task: TaskPackage) -> Planner:
+    """The run's planner; an LLM endpoint is asked once here, so that one that cannot answer
+    fails the command in milliseconds instead of costing every step its retries."""
+    if config.planner is PlannerKind.REPLAY:
+        from optagent.search.planners.replay import ReplayPlanner
+
+        try:
+            return ReplayPlanner(config.replay_file)
+        except ValueError as e:  # names the file
+            raise UserError(str(e)) from None
+    if config.planner is PlannerKind.LLM:
+        from optagent.llm.client import LLMUnreachable, OpenAICompatLLM
+        from optagent.llm.config import llm_settings_from_env
+        from optagent.search.planners.llm import LLMPlanner
+
+        settings = llm_settings_from_env(config.base_url, config.model)
+        if settings is None:
+            raise UserError("the LLM planner needs --base-url and --model (or OPTAGENT_BASE_URL/OPTAGENT_MODEL)")
+        llm = OpenAICompatLLM(settings.base_url, settings.model, settings.api_key, prices=settings.prices)
+        try:
+            llm.check()
+        except LLMUnreachable as e:
+            raise UserError(str(e)) from None
+        return LLMPlanner(llm)
+    if config.planner is not PlannerKind.OFFLINE:  # AUTO is resolved before a run is recorded
+        raise UserError(f"run {config.run_id}: no planner {config.planner.value!r}")
+    from optagent.search.planners.offline import OfflinePlanner, run_kernel_params
+
+    starter = task.starter(config.language).source
+    return OfflinePlanner(config.language, task.manifest.family if task.manifest else None,
+                          run_kernel_params(starter))

@@ -1,0 +1,58 @@
+"""Options several commands share, with their defaults read from where the defaults live
+(the evaluator's timeout, the loop's Limits), so that a default is written once."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Optional
+
+from optagent.cli.inputs import NON_NEGATIVE, PATIENCE, SECONDS, STEPS
+from optagent.evaluation.evaluator import TIMEOUT_S
+from optagent.schema import Device, Language, PlannerKind
+from optagent.search.loop import Limits
+
+
+def resolve_device(arg: Optional[str]) -> Device:
+    """--device, or cuda when a GPU is visible, else cpu."""
+    from optagent.evaluation.sandbox import gpu_visible
+
+    if arg:
+        return Device(arg)
+    return Device.CUDA if gpu_visible() else Device.CPU
+
+
+def add_eval_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=[d.value for d in Device], help="default: cuda when a GPU is visible, else cpu")
+    p.add_argument("--cases", help="contest cases to run, e.g. 1,3-5 (default: all on GPU, smoke cases on CPU)")
+    p.add_argument("--timeout", type=SECONDS, default=TIMEOUT_S,
+                   help=f"seconds per candidate process (default {TIMEOUT_S:g})")
+    p.add_argument("--language", choices=[x.value for x in Language], help="default: recognised from the source")
+    p.add_argument("--compiler", help="CUDA compiler command template, e.g. "
+                   "'nvcc -O3 -shared -Xcompiler -fPIC {arch} -o {out} {src}' (or OPTAGENT_NVCC)")
+    p.add_argument("--no-hidden", action="store_true", help="skip the manifest's hidden integrity cases")
+
+
+def add_planner_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--planner", choices=[k.value for k in PlannerKind], default=PlannerKind.AUTO.value,
+                   help="auto: llm when an endpoint is configured, else offline")
+    p.add_argument("--replay", metavar="FILE", help="recorded replies for --planner replay")
+    p.add_argument("--base-url", help="OpenAI-compatible endpoint (or OPTAGENT_BASE_URL)")
+    p.add_argument("--model", help="model name (or OPTAGENT_MODEL); key from OPTAGENT_API_KEY or OPENAI_API_KEY")
+
+
+def add_limit_options(p: argparse.ArgumentParser) -> None:
+    d = Limits()
+    p.add_argument("--min-gain", type=NON_NEGATIVE, default=d.min_gain,
+                   help=f"smallest geomean gain that counts (default {d.min_gain:g})")
+    p.add_argument("--patience", type=PATIENCE, default=d.patience,
+                   help=f"stop after this many steps without gain (default {d.patience})")
+    p.add_argument("--max-steps", type=STEPS, default=d.max_steps,
+                   help=f"at most this many candidates after the starter; 0 evaluates the starter only "
+                        f"(default {d.max_steps})")
+    p.add_argument("--time-limit", type=SECONDS, default=d.time_limit_s, help="stop after this many seconds")
+    p.add_argument("--budget-usd", type=NON_NEGATIVE, default=d.budget_usd,
+                   help="stop once LLM spending reaches this")
+
+
+def add_runs_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--runs-dir", help="where runs live (default ./runs or OPTAGENT_RUNS_DIR)")
