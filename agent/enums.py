@@ -1,0 +1,65 @@
+"""The vocabulary shared by every record: languages, devices, planner kinds, statuses, case kinds."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Word(str, enum.Enum):
+    """A str enum that prints as its value (f-strings, paths, templates), as the plain string did."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Language(str, enum.Enum):
+    TRITON = "triton"
+    CUDA = "cuda"
+    TILELANG = "tilelang"
+
+    @property
+    def ext(self) -> str:  # of a source file in this language
+        return ".cu" if self is Language.CUDA else ".py"
+
+    @property
+    def fence(self) -> str:  # the Markdown code-fence tag of such a source, and which highlighter shows it
+        return "cuda" if self is Language.CUDA else "python"
+
+
+class Device(Word):
+    CUDA = "cuda"
+    CPU = "cpu"  # Triton's interpreter: shows that kernels work, not how fast they are on a GPU
+
+
+class PlannerKind(Word):
+    AUTO = "auto"  # asked for on the command line only: llm when an endpoint is configured, else offline
+    LLM = "llm"
+    OFFLINE = "offline"
+    REPLAY = "replay"
+
+
+class Status(str, enum.Enum):
+    PASSED = "PASSED"
+    COMPILE_ERROR = "COMPILE_ERROR"
+    INCORRECT = "INCORRECT"
+    RUNTIME_ERROR = "RUNTIME_ERROR"
+    TIMEOUT = "TIMEOUT"
+    UNSUPPORTED = "UNSUPPORTED"
+    REJECTED = "REJECTED"  # integrity violation: the kernel tried to cheat
+    SKIPPED = "SKIPPED"  # not run because an earlier case already failed
+
+    @property
+    def ok(self) -> bool:
+        return self is Status.PASSED
+
+
+# The order in which an evaluation's overall status is chosen from its cases:
+# the most damning verdict wins.
+SEVERITY = [Status.REJECTED, Status.COMPILE_ERROR, Status.UNSUPPORTED, Status.TIMEOUT, Status.RUNTIME_ERROR,
+            Status.INCORRECT, Status.SKIPPED, Status.PASSED]
+
+
+class CaseKind(str, enum.Enum):
+    CONTEST = "contest"  # the package's own getNumOfTestcases() cases
+    SMOKE = "smoke"  # small cases from the manifest, for CPU runs
+    HIDDEN = "hidden"  # integrity cases the planner never sees
