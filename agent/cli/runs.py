@@ -66,7 +66,7 @@ def _planner(config: RunConfig, task: TaskPackage):
         return LLMPlanner(llm)
     starter = task.starter(config.language).source
     return OfflinePlanner(config.language, task.manifest.family if task.manifest else None,
-                          run_kernel_params(starter))
+                          run_kernel_params(starter), task.strategies_dir)
 
 
 def _progress(con, t0: float, live=None):
