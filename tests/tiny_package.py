@@ -145,7 +145,7 @@ def tiny_package(root: Path, hooks: str = HOOKS, manifest: str = MANIFEST) -> Pa
 
 def with_strategy(root: Path, toml: str = STRATEGY_TOML, kernel: str = FAST) -> Path:
     folder = root / "strategies"
-    folder.mkdir()
+    folder.mkdir(parents=True)
     (folder / "strategy.toml").write_text(toml)
     (folder / "wide.py").write_text(kernel)
     return root

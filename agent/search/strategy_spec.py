@@ -121,7 +121,9 @@ def read_spec(folder: Path) -> StrategySpec:
     try:
         spec = StrategySpec.model_validate(data)
     except ValidationError as e:
-        raise StrategyError(path, _message(e.errors()[0], data)) from None
+        # an unknown field first: a misspelt one is why its real name then reads as missing
+        errors = sorted(e.errors(), key=lambda err: err["type"] != "extra_forbidden")
+        raise StrategyError(path, _message(errors[0], data)) from None
     for k, s in enumerate(spec.strategy):
         where = f'strategy[{k}] ("{s.name}").file'
         kernel = folder / s.file

@@ -41,6 +41,7 @@ def _signature_problem(name: str, fn: Callable) -> Optional[str]:
     required = [p for p in positional if p.default is p.empty]
     takes = len(required) if len(required) > len(passed) else len(positional)
     shown = f"{name}({', '.join(passed)})"
+    sig = sig.replace(return_annotation=sig.empty)  # the arguments are what is wrong
     if takes == len(passed):  # the count fits; a required keyword-only argument does not
         return f"{name}{sig} cannot be called as the protocol calls it: {shown}"
     return (f"{name}{sig} takes {takes} argument{'s' if takes != 1 else ''}, the protocol passes "
@@ -151,10 +152,11 @@ class Hooks:
             raise wrong(f"make_case returned a {type(made).__name__}, not the run_kernel argument list")
         args = list(made)
         for i in outputs:
-            if not (0 <= i < len(args) and isinstance(args[i], torch.Tensor)):
-                what = "missing" if not 0 <= i < len(args) else f"a {type(args[i]).__name__}, not a tensor"
-                raise wrong(f"output #{i} (task.outputs in optagent.toml) is {what} in make_case's "
-                            f"{len(args)} arguments")
+            if not 0 <= i < len(args):
+                raise wrong(f"task.outputs in optagent.toml names argument {i}, make_case returns {len(args)}")
+            if not isinstance(args[i], torch.Tensor):
+                raise wrong(f"task.outputs in optagent.toml names argument {i}, make_case's argument {i} is "
+                            f"not a tensor ({type(args[i]).__name__})")
         refs = call("reference", [a.clone() if isinstance(a, torch.Tensor) else a for a in args], torch.float64)
         if not isinstance(refs, (list, tuple)) or len(refs) != len(outputs):
             got = f"{len(refs)} item(s)" if isinstance(refs, (list, tuple)) else f"a {type(refs).__name__}"
