@@ -70,7 +70,7 @@ def _variants(source: str) -> list[tuple[str, dict, bool]]:
 
 
 def test_variants_cover_every_tunable_knob_at_both_extremes():
-    source = (FAMILY / TRITON[0]["file"]).read_text(encoding="utf-8")
+    source = (FAMILY / TRITON[0].file).read_text(encoding="utf-8")
     settings = [s for _, s, _ in _variants(source)]
     for k in _tunable(source):
         for v in (min(k.values), max(k.values)):
