@@ -95,7 +95,7 @@ class TaskHooks(Protocol):
         """The run_kernel argument list of a [[smoke]]/[[hidden]] case, deterministic in seed."""
         ...
 
-    def reference(self, args: list, dtype: "torch.dtype") -> list:
+    def reference(self, args: list, dtype: torch.dtype) -> list:
         """The outputs (task.outputs order) computed by plain PyTorch in dtype; args untouched."""
         ...
 
@@ -129,7 +129,7 @@ HOOK_RULES: dict[str, HookRule] = {
     "reference": HookRule(HookNeed.ALWAYS, "the judge's reference outputs and tolerance, on every case"),
     "bytes_moved": HookRule(HookNeed.OPTIONAL, "a case's memory floor on a GPU"),
     "flops": HookRule(HookNeed.OPTIONAL, "a case's compute floor on a GPU"),
-    "describe": HookRule(HookNeed.OPTIONAL, "the sizes column of tables (default: the first two shapes)"),
+    "describe": HookRule(HookNeed.OPTIONAL, "the sizes column of tables; default: the first two shapes"),
 }
 
 

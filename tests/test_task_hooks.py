@@ -101,7 +101,7 @@ def test_a_missing_required_hook_is_named_by_validate(tmp_path):
     (HOOKS.replace("def reference(", "def _reference("), NO_CASES,
      "reference is missing (the judge's reference outputs and tolerance, on every case)"),
     (HOOKS + "\ndescribe = 'n'\n", MANIFEST,
-     "describe is a str, not a function (the sizes column of tables (default: the first two shapes))"),
+     "describe is a str, not a function (the sizes column of tables; default: the first two shapes)"),
 ], ids=["make_case-smoke-only", "reference", "not-callable"])
 def test_a_missing_required_hook_is_named(tmp_path, hooks, manifest, said):
     assert load_error(tmp_path, hooks, manifest) == said
