@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
-from typing import Optional, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Optional, Protocol, runtime_checkable
 
 from optagent.progress import ProgressSink
 from optagent.schema import EvalResult, Language, Proposal, Step, Usage
@@ -80,6 +81,56 @@ class Evaluator(Protocol):
     def evaluate(self, source: str, language: Language, progress: Optional[ProgressSink] = None) -> EvalResult:
         """progress, when given, hears each phase as it starts (agent/progress.py); it may be ignored."""
         ...
+
+
+class TaskHooks(Protocol):
+    """What a task package's hooks module (optagent.toml ``task.hooks``) may define.
+
+    The package defines them as module-level functions (no ``self``); HOOK_RULES says which
+    are required. Workers call them only through ``optagent.worker.hooks.Hooks``, which checks
+    the module against this protocol once, when it is loaded.
+    """
+
+    def make_case(self, params: dict, device: str, seed: int) -> list:
+        """The run_kernel argument list of a [[smoke]]/[[hidden]] case, deterministic in seed."""
+        ...
+
+    def reference(self, args: list, dtype: torch.dtype) -> list:
+        """The outputs (task.outputs order) computed by plain PyTorch in dtype; args untouched."""
+        ...
+
+    def bytes_moved(self, args: list) -> int:
+        """The fewest bytes a kernel must move through device memory."""
+        ...
+
+    def flops(self, args: list) -> int:
+        """The useful (matrix-product) flops of the case."""
+        ...
+
+    def describe(self, args: list) -> str:
+        """A one-line size summary for tables."""
+        ...
+
+
+class HookNeed(str, enum.Enum):
+    ALWAYS = "always"  # any package that declares a hooks module
+    WITH_CASES = "with_cases"  # a manifest with [[smoke]] or [[hidden]] cases
+    OPTIONAL = "optional"
+
+
+@dataclass(frozen=True)
+class HookRule:
+    need: HookNeed
+    purpose: str  # what optagent uses it for, said when it is missing
+
+
+HOOK_RULES: dict[str, HookRule] = {
+    "make_case": HookRule(HookNeed.WITH_CASES, "builds the inputs of the manifest's cases"),
+    "reference": HookRule(HookNeed.ALWAYS, "the judge's reference outputs and tolerance, on every case"),
+    "bytes_moved": HookRule(HookNeed.OPTIONAL, "a case's memory floor on a GPU"),
+    "flops": HookRule(HookNeed.OPTIONAL, "a case's compute floor on a GPU"),
+    "describe": HookRule(HookNeed.OPTIONAL, "the sizes column of tables; default: the first two shapes"),
+}
 
 
 def redact(step: Step, source: Optional[str] = None) -> Attempt:

@@ -27,6 +27,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 REQUIRED_FUNCTIONS = ("getNumOfTestcases", "getTestCaseSize", "genTestCase", "baseline", "check")
 LOCALE_PREFERENCE = ("en", "en_US", "zh_CN")
+STRATEGIES_DIR = "strategies"  # beside optagent.toml: laid out like agent/search/strategies/<family>/
 
 
 class TaskError(Exception):
@@ -99,6 +100,17 @@ class TaskPackage:
         have = {s.language for s in self.starters}
         ordered = list(self.contracts) + [s.language for s in self.starters]
         return list(dict.fromkeys(lang for lang in ordered if lang in have))
+
+    @property
+    def hooks_path(self) -> Optional[Path]:
+        """The hooks module (optagent.toml task.hooks), loaded only in workers."""
+        return self.root / self.manifest.hooks if self.manifest and self.manifest.hooks else None
+
+    @property
+    def strategies_dir(self) -> Optional[Path]:
+        """The package's own strategy folder (strategy.toml + kernels), offered before the built-in ones."""
+        folder = self.root / STRATEGIES_DIR
+        return folder if folder.is_dir() else None
 
     def starter(self, language: Language) -> Starter:
         for s in self.starters:

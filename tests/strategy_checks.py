@@ -5,35 +5,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Iterable
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
 from optagent.evaluation.checks import static_verdict
 from optagent.search.knobs import find_knobs, set_knobs
-from optagent.search.planners.offline import run_kernel_params
+from optagent.search.planners.offline import STRATEGY_ROOT
+from optagent.search.strategy_spec import StrategyEntry, StrategySpec, read_spec
 from optagent.schema import EvalResult, Language, Status
 
-STRATEGY_ROOT = Path(__file__).resolve().parents[1] / "agent" / "search" / "strategies"
 
-
-def family(name: str) -> tuple[Path, dict, list[dict]]:
-    """The family's folder, its strategy.toml, and its strategies."""
+def family(name: str) -> tuple[Path, StrategySpec, list[StrategyEntry]]:
+    """The family's folder, its strategy.toml read by the planner's own schema, and its strategies."""
     folder = STRATEGY_ROOT / name
-    spec = tomllib.loads((folder / "strategy.toml").read_text(encoding="utf-8"))
-    return folder, spec, spec["strategy"]
+    spec = read_spec(folder)  # fields, unique names, each file's run_kernel against the signature
+    return folder, spec, spec.strategy
 
 
-def check_manifest(folder: Path, spec: dict, arity: int) -> None:
-    """Unique names, the fields the planner reads, and every file's run_kernel matching the signature."""
-    assert len(spec["signature"]) == arity
-    names = [s["name"] for s in spec["strategy"]]
-    assert len(names) == len(set(names))
-    for s in spec["strategy"]:
-        assert set(s) >= {"name", "file", "language", "idea"}
-        source = (folder / s["file"]).read_text(encoding="utf-8")
-        assert run_kernel_params(source) == spec["signature"], s["file"]
+def check_manifest(folder: Path, spec: StrategySpec, arity: int) -> None:
+    """The folder is the family it names, and its signature has the contest's arity."""
+    assert spec.family == folder.name
+    assert len(spec.signature) == arity
 
 
 def check_scan_and_knobs(source: str, language: Language, variants: Iterable[tuple[str, dict]] = ()) -> None:
@@ -56,7 +45,7 @@ def verdict_failures(label: str, result: EvalResult, n_cases: int | None = None)
             if c.status is not Status.PASSED or c.rel_err is None or c.rel_err >= c.tolerance]
 
 
-def start_evaluations(pool, task, folder: Path, strategies: list[dict],
+def start_evaluations(pool, task, folder: Path, strategies: list[StrategyEntry],
                       variants: Callable[[str], list[tuple[str, dict, bool]]]) -> dict:
     """{strategy name: [(label, case kinds expected, future EvalResult)]}: each strategy at its
     defaults on the smoke and hidden cases, and each (label, knob setting, with hidden cases)
@@ -69,15 +58,15 @@ def start_evaluations(pool, task, folder: Path, strategies: list[dict],
     both = {CaseKind.SMOKE, CaseKind.HIDDEN}
     runs = {}
     for s in strategies:
-        source = (folder / s["file"]).read_text(encoding="utf-8")
-        language = Language(s["language"])
+        source = (folder / s.file).read_text(encoding="utf-8")
+        language = s.language
         items = [("default", both, pool.submit(SandboxEvaluator(task, "cpu", every, timeout_s=300).evaluate,
                                                source, language))]
         for label, setting, hidden in variants(source):
             cases, kinds = (every, both) if hidden else (smoke, {CaseKind.SMOKE})
             items.append((label, kinds, pool.submit(SandboxEvaluator(task, "cpu", cases, timeout_s=300).evaluate,
                                                     set_knobs(source, setting), language)))
-        runs[s["name"]] = items
+        runs[s.name] = items
     return runs
 
 

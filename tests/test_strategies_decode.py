@@ -31,8 +31,8 @@ from strategy_checks import check_manifest, check_scan_and_knobs, family
 
 FAMILY, SPEC, STRATEGIES = family("paged_decode")
 ROOT = Path(__file__).resolve().parents[1]
-TRITON = [s for s in STRATEGIES if s["language"] == "triton"]
-CUDA = [s for s in STRATEGIES if s["language"] == "cuda"]
+TRITON = [s for s in STRATEGIES if s.language is Language.TRITON]
+CUDA = [s for s in STRATEGIES if s.language is Language.CUDA]
 
 # Case parameters: (batch, heads, kv heads, headdim, seqlens, planned seqlen_k or None, seqlen_q, causal)
 CASES = {
@@ -205,21 +205,21 @@ def background(tmp_path_factory):
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     interp = {}
     for s in TRITON:
-        source = (FAMILY / s["file"]).read_text(encoding="utf-8")
-        jobs, labels = _variant_jobs(source, base, Path(s["file"]))
+        source = (FAMILY / s.file).read_text(encoding="utf-8")
+        jobs, labels = _variant_jobs(source, base, Path(s.file))
         cmd = [sys.executable, str(runner), json.dumps(CASES), json.dumps(jobs)]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        interp[s["name"]] = (proc, labels, jobs)
+        interp[s.name] = (proc, labels, jobs)
     builds = {}
     if shutil.which("nvcc"):
         for s in CUDA:
-            source = (FAMILY / s["file"]).read_text(encoding="utf-8")
+            source = (FAMILY / s.file).read_text(encoding="utf-8")
             knobs = find_knobs(source)
             settings = {"default": {}, "min": {k.name: min(k.values) for k in knobs},
                         "max": {k.name: max(k.values) for k in knobs}}
-            builds[s["name"]] = [(label, base / f"{Path(s['file']).stem}__{label}.so",
-                                  _nvcc_build(source, setting, base / f"{Path(s['file']).stem}__{label}.so"))
-                                 for label, setting in settings.items()]
+            builds[s.name] = [(label, base / f"{Path(s.file).stem}__{label}.so",
+                               _nvcc_build(source, setting, base / f"{Path(s.file).stem}__{label}.so"))
+                              for label, setting in settings.items()]
     yield interp, builds
     for proc, _, _ in interp.values():
         if proc.poll() is None:
@@ -231,19 +231,19 @@ def background(tmp_path_factory):
 
 
 def test_strategy_manifest_lists_existing_files_with_the_contest_signature():
-    assert SPEC["family"] == "paged_decode"
+    assert SPEC.family == "paged_decode"
     check_manifest(FAMILY, SPEC, 15)
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s["name"])
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s.name)
 def test_strategy_passes_the_integrity_scan_and_declares_knobs(strategy):
-    source = (FAMILY / strategy["file"]).read_text(encoding="utf-8")
-    check_scan_and_knobs(source, Language(strategy["language"]))
+    source = (FAMILY / strategy.file).read_text(encoding="utf-8")
+    check_scan_and_knobs(source, strategy.language)
 
 
-@pytest.mark.parametrize("strategy", TRITON, ids=lambda s: s["name"])
+@pytest.mark.parametrize("strategy", TRITON, ids=lambda s: s.name)
 def test_triton_strategy_is_correct_at_every_knob_extreme(strategy, background):
-    proc, labels, jobs = background[0][strategy["name"]]
+    proc, labels, jobs = background[0][strategy.name]
     try:
         stdout, stderr = proc.communicate(timeout=600)
     except subprocess.TimeoutExpired:
@@ -266,10 +266,10 @@ def test_triton_strategy_is_correct_at_every_knob_extreme(strategy, background):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
-@pytest.mark.parametrize("strategy", CUDA, ids=lambda s: s["name"])
+@pytest.mark.parametrize("strategy", CUDA, ids=lambda s: s.name)
 def test_cuda_strategy_compiles_at_default_and_knob_extremes(strategy, background):
     failures = []
-    for label, so, proc in background[1][strategy["name"]]:
+    for label, so, proc in background[1][strategy.name]:
         out, _ = proc.communicate(timeout=300)
         if proc.returncode != 0 or not so.exists():
             failures.append(f"{label}: {out[-2000:]}")
@@ -278,7 +278,7 @@ def test_cuda_strategy_compiles_at_default_and_knob_extremes(strategy, backgroun
 
 @pytest.mark.gpu
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
-@pytest.mark.parametrize("strategy", CUDA, ids=lambda s: s["name"])
+@pytest.mark.parametrize("strategy", CUDA, ids=lambda s: s.name)
 def test_cuda_strategy_is_correct_on_the_gpu_at_every_knob_extreme(strategy, tmp_path):
     """What the CPU can only compile, run: every case at the defaults (twice where the
     cached plan and scratch are reused), the small ones at each knob's extremes."""
@@ -286,8 +286,8 @@ def test_cuda_strategy_is_correct_on_the_gpu_at_every_knob_extreme(strategy, tmp
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    source = (FAMILY / strategy["file"]).read_text(encoding="utf-8")
-    jobs, labels = _variant_jobs(source, tmp_path, Path(strategy["file"]), tuple(GPU_CASES))
+    source = (FAMILY / strategy.file).read_text(encoding="utf-8")
+    jobs, labels = _variant_jobs(source, tmp_path, Path(strategy.file), tuple(GPU_CASES))
     from optagent.worker.backends.cuda import build_all
 
     failed = build_all([Path(p) for p in labels])  # all variants at once, into the backend's cache
@@ -345,7 +345,7 @@ def test_bench_trace_patches_and_builds_the_bulk_kernel(tmp_path, monkeypatch):
 def test_a_strategy_not_yet_gpu_checked_stays_out_of_runs():
     from optagent.search.planners.offline import load_strategies
 
-    listed = {s["name"] for s in CUDA}
-    unchecked = {s["name"] for s in CUDA if s.get("gpu_checked") is False}
+    listed = {s.name for s in CUDA}
+    unchecked = {s.name for s in CUDA if not s.gpu_checked}
     loaded = {s.name for s in load_strategies(Language.CUDA, "paged_decode", [])}
     assert loaded == listed - unchecked

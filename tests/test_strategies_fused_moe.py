@@ -31,7 +31,7 @@ from strategy_checks import check_manifest, check_scan_and_knobs, family, verdic
 
 TASK_DIR = Path(__file__).resolve().parents[1] / "tasks" / "fused_moe_task_package"
 FAMILY, SPEC, STRATEGIES = family("fused_moe")
-TRITON = [s for s in STRATEGIES if s["language"] == "triton"]
+TRITON = [s for s in STRATEGIES if s.language is Language.TRITON]
 
 # Each tunable knob belongs to the regime whose tiles it sets (first matching prefix); the
 # variants set all knobs of a regime to their smallest, or all to their largest, value at
@@ -70,7 +70,7 @@ def _variants(source: str) -> list[tuple[str, dict, bool]]:
 
 
 def test_variants_cover_every_tunable_knob_at_both_extremes():
-    source = (FAMILY / TRITON[0]["file"]).read_text(encoding="utf-8")
+    source = (FAMILY / TRITON[0].file).read_text(encoding="utf-8")
     settings = [s for _, s, _ in _variants(source)]
     for k in _tunable(source):
         for v in (min(k.values), max(k.values)):
@@ -83,23 +83,23 @@ def task():
 
 
 def test_strategy_manifest_lists_existing_files_with_the_contest_signature(task):
-    assert SPEC["family"] == "fused_moe" == task.manifest.family
+    assert SPEC.family == "fused_moe" == task.manifest.family
     starter = (TASK_DIR / "starter" / "moe_triton.py").read_text(encoding="utf-8")
-    assert SPEC["signature"] == run_kernel_params(starter)
+    assert SPEC.signature == run_kernel_params(starter)
     check_manifest(FAMILY, SPEC, 11)
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s["name"])
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s.name)
 def test_strategy_passes_the_integrity_scan_and_declares_knobs(strategy):
-    source = (FAMILY / strategy["file"]).read_text(encoding="utf-8")
-    check_scan_and_knobs(source, Language(strategy["language"]), [(label, st) for label, st, _ in _variants(source)])
+    source = (FAMILY / strategy.file).read_text(encoding="utf-8")
+    check_scan_and_knobs(source, strategy.language, [(label, st) for label, st, _ in _variants(source)])
 
 
-@pytest.mark.parametrize("strategy", TRITON, ids=lambda s: s["name"])
+@pytest.mark.parametrize("strategy", TRITON, ids=lambda s: s.name)
 def test_triton_strategy_passes_the_evaluator_at_default_and_knob_extremes(strategy, task, monkeypatch):
     # two workers side by side, one core each (the environment variable reaches the workers)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    source = (FAMILY / strategy["file"]).read_text(encoding="utf-8")
+    source = (FAMILY / strategy.file).read_text(encoding="utf-8")
     every = select_cases(task, "cpu", 0, None)
     smoke = [c for c in every if c.kind is CaseKind.SMOKE]
     assert smoke and len(every) > len(smoke)

@@ -28,7 +28,7 @@ from strategy_checks import check_manifest, check_scan_and_knobs, evaluation_fai
 
 TASK = Path(__file__).resolve().parents[1] / "tasks" / "mla_decode_task_package"
 FAMILY, SPEC, STRATEGIES = family("mla_decode")
-TRITON = [s for s in STRATEGIES if s["language"] == "triton"]
+TRITON = [s for s in STRATEGIES if s.language is Language.TRITON]
 FINEST = {"BLOCK_N": 16, "BLOCK_N_16": 16, "MIN_TILES": 1, "PROGRAMS_PER_SM": 8}  # the most splits, one tile each
 
 
@@ -52,20 +52,20 @@ def evaluations(task):
 
 
 def test_strategy_manifest_lists_existing_files_with_the_contest_signature(task):
-    assert SPEC["family"] == "mla_decode" == task.manifest.family
-    assert SPEC["signature"] == run_kernel_params(task.starter(Language.TRITON).source)
+    assert SPEC.family == "mla_decode" == task.manifest.family
+    assert SPEC.signature == run_kernel_params(task.starter(Language.TRITON).source)
     check_manifest(FAMILY, SPEC, 13)
     params = run_kernel_params(task.starter(Language.TRITON).source)
-    assert {s.name for s in load_strategies(Language.TRITON, task.manifest.family, params)} >= {s["name"] for s in TRITON}
+    assert {s.name for s in load_strategies(Language.TRITON, task.manifest.family, params)} >= {s.name for s in TRITON}
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s["name"])
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s.name)
 def test_strategy_passes_the_integrity_scan_and_declares_knobs(strategy):
-    source = (FAMILY / strategy["file"]).read_text(encoding="utf-8")
-    check_scan_and_knobs(source, Language(strategy["language"]), [(label, st) for label, st, _ in _variants(source)])
+    source = (FAMILY / strategy.file).read_text(encoding="utf-8")
+    check_scan_and_knobs(source, strategy.language, [(label, st) for label, st, _ in _variants(source)])
 
 
-@pytest.mark.parametrize("strategy", TRITON, ids=lambda s: s["name"])
+@pytest.mark.parametrize("strategy", TRITON, ids=lambda s: s.name)
 def test_triton_strategy_passes_the_evaluator_at_default_and_knob_extremes(strategy, evaluations):
-    bad = evaluation_failures(evaluations[strategy["name"]])
+    bad = evaluation_failures(evaluations[strategy.name])
     assert not bad, "\n".join(bad)

@@ -28,7 +28,7 @@ from strategy_checks import check_manifest, check_scan_and_knobs, evaluation_fai
 
 TASK = Path(__file__).resolve().parents[1] / "tasks" / "ragged_prefill_task_package"
 FAMILY, SPEC, STRATEGIES = family("ragged_prefill")
-TRITON = [s for s in STRATEGIES if s["language"] == "triton"]
+TRITON = [s for s in STRATEGIES if s.language is Language.TRITON]
 
 
 def _variants(source: str) -> list[tuple[str, dict, bool]]:
@@ -55,24 +55,24 @@ def evaluations(task):
 
 
 def test_strategy_manifest_lists_existing_files_with_the_contest_signature(task):
-    assert SPEC["family"] == "ragged_prefill" == task.manifest.family
-    assert SPEC["signature"] == run_kernel_params(task.starter(Language.TRITON).source)
+    assert SPEC.family == "ragged_prefill" == task.manifest.family
+    assert SPEC.signature == run_kernel_params(task.starter(Language.TRITON).source)
     check_manifest(FAMILY, SPEC, 13)
 
 
 def test_offline_planner_finds_the_strategies_for_the_task(task):
     params = run_kernel_params(task.starter(Language.TRITON).source)
     found = load_strategies(Language.TRITON, task.manifest.family, params)
-    assert {s.name for s in found} >= {s["name"] for s in TRITON}
+    assert {s.name for s in found} >= {s.name for s in TRITON}
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s["name"])
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s.name)
 def test_strategy_passes_the_integrity_scan_and_declares_knobs(strategy):
-    source = (FAMILY / strategy["file"]).read_text(encoding="utf-8")
-    check_scan_and_knobs(source, Language(strategy["language"]), [(label, st) for label, st, _ in _variants(source)])
+    source = (FAMILY / strategy.file).read_text(encoding="utf-8")
+    check_scan_and_knobs(source, strategy.language, [(label, st) for label, st, _ in _variants(source)])
 
 
-@pytest.mark.parametrize("strategy", TRITON, ids=lambda s: s["name"])
+@pytest.mark.parametrize("strategy", TRITON, ids=lambda s: s.name)
 def test_triton_strategy_passes_the_evaluator_at_default_and_knob_extremes(strategy, evaluations):
-    bad = evaluation_failures(evaluations[strategy["name"]])
+    bad = evaluation_failures(evaluations[strategy.name])
     assert not bad, "\n".join(bad)

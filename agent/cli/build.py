@@ -68,4 +68,4 @@ def build_planner(config: RunConfig, task: TaskPackage) -> Planner:
 
     starter = task.starter(config.language).source
     return OfflinePlanner(config.language, task.manifest.family if task.manifest else None,
-                          run_kernel_params(starter))
+                          run_kernel_params(starter), task.strategies_dir)

@@ -48,6 +48,10 @@ def cmd_task_validate(a) -> int:
     from optagent.evaluation.evaluator import probe_task
 
     task = load_task(a.dir)
+    if task.strategies_dir:  # text only: a bad strategy.toml is a one-line TaskError before the probe's seconds
+        from optagent.search.strategy_spec import read_spec
+
+        read_spec(task.strategies_dir)
     found = probe_task(task)
     con = human_console(a)
     if a.json:

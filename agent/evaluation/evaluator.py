@@ -149,9 +149,9 @@ def probe_task(task: TaskPackage, timeout_s: float = 600.0, cached: bool = False
     err = run.first(WorkerError)
     if err:
         text = err.error
-        path = task.config_path
-        named = f"RuntimeError: {path}: "
-        if text.startswith(named):  # the harness already named the file
-            raise TaskError(path, text[len(named):])
-        raise TaskError(path, f"loading failed: {text}")
+        for path in filter(None, (task.config_path, task.hooks_path)):
+            named = f"RuntimeError: {path}: "
+            if text.startswith(named):  # the harness already named the file
+                raise TaskError(path, text[len(named):])
+        raise TaskError(task.config_path, f"loading failed: {text}")
     raise TaskError(task.config_path, f"probing {'timed out' if run.timed_out else run.exit_text}")

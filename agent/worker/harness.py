@@ -22,6 +22,7 @@ import torch
 from optagent.messages import CaseSpec
 from optagent.schema import CaseKind
 from optagent.task import Manifest, load_task
+from optagent.worker.hooks import Hooks
 
 COMPAT_DIR = Path(__file__).resolve().parent / "compat"
 
@@ -63,9 +64,9 @@ class TaskRuntime:
             raise RuntimeError(
                 f"{self.task.config_path}: {', '.join(missing)} not defined after import "
                 "(did an import inside the module fail?)")
-        self.hooks: Optional[ModuleType] = None
-        if self.manifest and self.manifest.hooks:
-            self.hooks = _load_module(self.task.root / self.manifest.hooks, "optagent_task_hooks")
+        self.hooks: Optional[Hooks] = None
+        if self.manifest and self.task.hooks_path:
+            self.hooks = Hooks.load(self.task.hooks_path, self.manifest)
 
     @property
     def baseline_label(self) -> str:
@@ -106,7 +107,7 @@ class TaskRuntime:
             return args, sizes
         assert self.hooks is not None and case.params is not None
         base = 0 if seed is None else seed
-        return list(self.hooks.make_case(dict(case.params), self.device, base)), None
+        return self.hooks.make_case(dict(case.params), self.device, base), None
 
     def _generate(self, sizes) -> list:
         """genTestCase(sizes, device); a genTestCase without a device parameter gets its tensors moved."""
@@ -128,8 +129,9 @@ class TaskRuntime:
         return self._detected_outputs
 
     def describe(self, args: list) -> str:
-        if self.hooks is not None and hasattr(self.hooks, "describe"):
-            return str(self.hooks.describe(args))
+        told = self.hooks.describe(args) if self.hooks is not None else None
+        if told is not None:
+            return told
         shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
         return " ".join("x".join(map(str, s)) for s in shapes[:2])
 

@@ -4,8 +4,9 @@ Stateless by design, so a resumed run continues the same search: the next
 proposal is derived from the current best kernel and the set of sources
 already tried (both in the PlannerContext).
 
-1. Strategies: proven kernels from ``agent/search/strategies/<family>/`` for the
-   task's family (or run_kernel signature) and language, each at its default
+1. Strategies: the task package's own ``strategies/`` folder, then proven kernels
+   from ``agent/search/strategies/<family>/`` for the task's family (or run_kernel
+   signature), in the run's language, each at its default
    knobs, then at a few spread-out knob settings (successive halving keeps
    the better half of the strategies for that second round).
 2. Knob search around the best kernel: one knob at a time, every listed value
@@ -15,22 +16,16 @@ already tried (both in the PlannerContext).
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
 from optagent.search.knobs import find_knobs, set_knobs
+from optagent.search.strategy_spec import StrategySpec, read_spec, run_kernel_params  # noqa: F401 (re-exported)
 from optagent.protocols import PlannerContext, PlannerExhausted
 from optagent.schema import Language, PlannerKind, Proposal
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
 STRATEGY_ROOT = Path(__file__).resolve().parent.parent / "strategies"
-SIGNATURE = re.compile(r"def\s+run_kernel\s*\(([^)]*)\)|run_kernel\s*\(([^)]*)\)\s*\{", re.S)
 
 
 @dataclass
@@ -41,33 +36,21 @@ class Strategy:
     source: str
 
 
-def run_kernel_params(source: str) -> list[str]:
-    m = SIGNATURE.search(source)
-    if not m:
-        return []
-    names = []
-    for raw in (m.group(1) or m.group(2)).split(","):
-        raw = re.sub(r"#.*", "", raw).split("=")[0].split(":")[0].strip()
-        if raw:
-            names.append(re.split(r"[\s*&]+", raw)[-1])
-    return names
+def _usable(folder: Path, spec: StrategySpec, language: Language) -> list[Strategy]:
+    return [Strategy(s.name, language, s.idea, (folder / s.file).read_text(encoding="utf-8"))
+            for s in spec.strategy if s.language is language and s.gpu_checked]
 
 
 def load_strategies(language: Language, family: Optional[str], params: list[str],
-                    root: Path = STRATEGY_ROOT) -> list[Strategy]:
-    found = []
+                    root: Path = STRATEGY_ROOT, package: Optional[Path] = None) -> list[Strategy]:
+    """The package's own strategies (its ``strategies/`` folder), then the built-in ones of its
+    family or signature. The package's come first: they are its author's kernels for exactly this
+    task, and a later strategy must beat an earlier one by more than the noise to replace it."""
+    found = _usable(package, read_spec(package), language) if package is not None else []
     for toml_path in sorted(root.glob("*/strategy.toml")):
-        spec = tomllib.loads(toml_path.read_text(encoding="utf-8"))
-        same_family = family is not None and spec.get("family") == family
-        same_signature = bool(params) and spec.get("signature") == params
-        if not (same_family or same_signature):
-            continue
-        for s in spec.get("strategy", []):
-            # a strategy whose last change has not yet run on a GPU stays out of runs (a hang
-            # would cost a run its candidate timeout); its tests and bench/ still use it
-            if s.get("language") == language.value and s.get("gpu_checked", True):
-                source = (toml_path.parent / s["file"]).read_text(encoding="utf-8")
-                found.append(Strategy(s["name"], language, s.get("idea", s["name"]), source))
+        spec = read_spec(toml_path.parent)
+        if spec.offered_to(family, params):
+            found += _usable(toml_path.parent, spec, language)
     return found
 
 
@@ -89,9 +72,10 @@ class OfflinePlanner:
     name = PlannerKind.OFFLINE
     model: Optional[str] = None
 
-    def __init__(self, language: Language, family: Optional[str], params: list[str]):
+    def __init__(self, language: Language, family: Optional[str], params: list[str],
+                 package_strategies: Optional[Path] = None):
         self.language = language
-        self.strategies = load_strategies(language, family, params)
+        self.strategies = load_strategies(language, family, params, package=package_strategies)
 
     def propose(self, ctx: PlannerContext) -> Proposal:
         tried = {sha(ctx.starter_source), sha(ctx.best_source)}
