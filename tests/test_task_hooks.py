@@ -76,8 +76,9 @@ def test_the_probe_reports_the_hooks_answers(tmp_path):
     from optagent.evaluation.evaluator import probe_task
 
     found = probe_task(load_task(tiny_package(tmp_path / "pkg")))
-    assert found["extra"] == [{"label": "smoke-1", "sizes": "n=4096", "bytes": 2 * 4096 * 4},
-                              {"label": "hidden-1", "sizes": "n=1000", "bytes": 2 * 1000 * 4}]
+    assert [e.model_dump(exclude={"format_version"}) for e in found.extra] == [
+        {"label": "smoke-1", "sizes": "n=4096", "bytes": 2 * 4096 * 4},
+        {"label": "hidden-1", "sizes": "n=1000", "bytes": 2 * 1000 * 4}]
 
 
 def test_optional_hooks_may_be_left_out(tmp_path):
@@ -86,7 +87,7 @@ def test_optional_hooks_may_be_left_out(tmp_path):
     bare = HOOKS[:HOOKS.index("def bytes_moved")]  # make_case and reference only
     found = probe_task(load_task(tiny_package(tmp_path / "pkg", hooks=bare)))
     # no describe: the first two shapes; no bytes_moved: no floor
-    assert [(r["sizes"], r["bytes"]) for r in found["extra"]] == [("4096 4096", None), ("1000 1000", None)]
+    assert [(r.sizes, r.bytes) for r in found.extra] == [("4096 4096", None), ("1000 1000", None)]
 
 
 def test_a_missing_required_hook_is_named_by_validate(tmp_path):
