@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from optagent.schema import Language
 
 M = TypeVar("M", bound=BaseModel)
+TMP_SUFFIX = ".tmp"  # atomic_write's temp files: .<name>.<pid>.tmp beside the file
 
 
 class RunError(Exception):
@@ -64,12 +65,16 @@ def read_record(path: Path, model: type[M]) -> M:
 
 def atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written temp behind (a kill -9 may: see leftovers)
+        raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
