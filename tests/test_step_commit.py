@@ -23,7 +23,7 @@ from optagent.protocols import PlannerContext, PlannerExhausted
 from optagent.schema import Language, Proposal, RunConfig, RunStatus, Status, StepOutcome, Usage
 from optagent.search import run_files
 from optagent.search.loop import Limits, Loop
-from optagent.search.store import RunStore, new_run_id
+from optagent.search.store import RunError, RunStore, new_run_id
 from optagent.search.trajectory import Trajectory
 from optagent.task import load_task
 
@@ -134,9 +134,11 @@ def writes_per_run(tmp_path_factory, task_dir) -> int:
 
 def crash_then_resume(path: Path, task_dir: Path, monkeypatch, fail) -> None:
     evaluator = ScriptedEvaluator(times())  # shared: a re-timed kernel keeps its later timing after the resume
-    with pytest.raises((Crash, OSError)):
+    with pytest.raises((Crash, RunError)) as failed:
         fail()
         drive(path, task_dir, evaluator)
+    if failed.type is RunError:  # a full disk: one line naming the file, as the CLI prints it
+        assert str(path) in str(failed.value) and str(failed.value).endswith("cannot write: No space left on device")
     monkeypatch.undo()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(os, "fsync", no_fsync)

@@ -72,12 +72,16 @@ def atomic_write(path: Path, text: str) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)  # a full disk leaves no half-written temp behind (a kill -9 may: see leftovers)
+        if isinstance(e, OSError):  # one line naming the file, as the CLI prints it; what was committed stays
+            raise RunError(f"{path}: cannot write: {e.strerror or e}") from None
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
+    except OSError as e:
+        raise RunError(f"{path}: cannot write: {e.strerror or e}") from None
     finally:
         os.close(dir_fd)
 
