@@ -195,6 +195,13 @@ class StepOutcome(str, enum.Enum):
     BASELINE = "BASELINE"  # step 0: the starter
 
 
+class BestRef(Record):
+    """The run's best kernel as a step left it: committed inside that step's record, so the two never disagree."""
+    step: int = Field(ge=0)  # the step whose candidate is the best kernel
+    result: EvalResult  # its latest timing (the first, or a re-time side by side with a later candidate)
+    seq: int = Field(ge=0)  # steps committed before this one: the highest names the run's best (gaps re-run late)
+
+
 class Step(Record):
     index: int = Field(ge=0)
     started_at: datetime
@@ -207,6 +214,7 @@ class Step(Record):
     usage: Usage = Field(default_factory=Usage)
     best_geomean_speedup: Optional[float] = None
     retime_note: Optional[str] = None
+    best: Optional[BestRef] = None  # set when this step changed the best kernel or its timing
 
 
 class RunConfig(Record):

@@ -2,10 +2,10 @@
 
 Stop conditions are exceptions. The run is read once, when the loop starts
 (trajectory.py); from then on the loop works from memory and writes each step's
-files once: its proposal when proposed, the best kernel when the best changes,
-then the step record (last: a step is recorded only once its evaluation is
-complete, so a killed run resumes by evaluating its unfinished step again) and
-the run's state.
+files once: its proposal when proposed, then its commit, step.json, which holds
+the step's result and any change of the best kernel (one rename: a killed run
+resumes by evaluating its uncommitted step again), then the best/ cache when the
+best changed, and the run's state.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 from optagent.progress import Phase, Progress, ProgressSink, Subject, stamped
 from optagent.protocols import Evaluator, Planner, PlannerContext, PlannerExhausted
-from optagent.schema import EvalResult, Proposal, RunState, RunStatus, Step, StepOutcome, now
+from optagent.schema import BestRef, EvalResult, Proposal, RunState, RunStatus, Step, StepOutcome, now
 from optagent.search.store import RunStore
 from optagent.search.trajectory import Best, Trajectory
 from optagent.task import TaskPackage
@@ -88,9 +88,13 @@ class Loop:
         self.config = store.config
         self.started = time.monotonic()
         self.trajectory: Optional[Trajectory] = None  # read in run()
+        self._best_changed = False  # by the step being evaluated: committed with its record
 
     def run(self) -> RunState:
+        self.store.remove_leftovers()
         traj = self.trajectory = Trajectory.load(self.store)
+        if traj.cache_stale:  # killed between a commit and the best/ cache it changed
+            self.store.save_best(traj.best.source, traj.best.result)
         state = self.store.state() or RunState(status=RunStatus.RUNNING, steps=0)
         # the totals follow the steps: a kill between a step's record and the state's leaves the state behind
         state = state.model_copy(update={"status": RunStatus.RUNNING, "reason": None, **self._totals()})
@@ -188,26 +192,27 @@ class Loop:
             outcome, note = StepOutcome.FAILED, None
         elif best is None:
             outcome, note = (StepOutcome.BASELINE if index == 0 else StepOutcome.ACCEPTED), None
-            self._save_best(proposal.source, result)
+            self._save_best(proposal.source, result, index)
         else:
             outcome, note, result = self._compare(best, proposal.source, result, index)
         return Step(**base, finished_at=now(), outcome=outcome, candidate_sha256=sha, result=result,
                     retime_note=note, error=result.reason if not result.status.ok else None)
 
-    def _save_best(self, source: str, result: EvalResult) -> None:
-        self.store.save_best(source, result)
-        self.trajectory.best = Best(source, result)
+    def _save_best(self, source: str, result: EvalResult, step: Optional[int]) -> None:
+        """In memory only: the change is written with the step's commit, in _record."""
+        self.trajectory.best = Best(source, result, step)
+        self._best_changed = True
 
     def _compare(self, best: Best, source: str, result: EvalResult, index: int):
         """Noise-aware acceptance: faster by more than the spread, re-timed back to back."""
-        best_source, best_result = best
+        best_source, best_result = best.source, best.result
         t_best, t_new = best_result.geomean_time_us, result.geomean_time_us
         gain = t_best / t_new - 1 if t_best and t_new else None
         if gain is None or gain <= self.limits.min_gain:
             return StepOutcome.NOT_BETTER, None, result
         spread = max(noise(best_result), noise(result))
         if gain > max(CLEAR_GAIN, 3 * spread):
-            self._save_best(source, result)
+            self._save_best(source, result, index)
             return StepOutcome.ACCEPTED, (f"gain {gain:+.1%} over the incumbent's recorded timing, far above the "
                                           f"noise ({spread:.1%}): not re-timed"), result
         language = self.config.language
@@ -226,14 +231,14 @@ class Loop:
             note = (f"re-timed back to back: incumbent {again_best.geomean_time_us:.1f} us, candidate "
                     f"{again_new.geomean_time_us:.1f} us (geomean), gain {gain:+.1%}, noise {spread:.1%}")
             if gain > max(self.limits.min_gain, spread):
-                self._save_best(source, again_new)
+                self._save_best(source, again_new, index)
                 return StepOutcome.ACCEPTED, note, again_new
             outcome, kept = StepOutcome.NOT_BETTER, again_new
         if fresh:
             # The incumbent stays; its record becomes this timing, side by side with the candidate's: a
             # record taken on a slow stretch of the host would let a later candidate that is no faster
             # clear CLEAR_GAIN against it unchecked (and shows a best slower than the candidates that lost).
-            self._save_best(best_source, again_best)
+            self._save_best(best_source, again_best, best.step)
         return outcome, note, kept
 
     def _totals(self) -> dict:
@@ -242,10 +247,16 @@ class Loop:
                     best_geomean_speedup=traj.best_speedup)
 
     def _record(self, step: Step, source: Optional[str], state: RunState) -> RunState:
-        """The step's record, written once (after the best's files), then the run's state that follows it."""
-        step = step.model_copy(update={"best_geomean_speedup": self.trajectory.best_speedup})
+        """The step's commit (its record, result and any change of the best), then the caches that follow it."""
+        traj, changed = self.trajectory, self._best_changed
+        self._best_changed = False
+        owner = traj.best.step if traj.best and traj.best.step is not None else traj.best_step
+        ref = BestRef(step=owner, result=traj.best.result, seq=traj.next_seq) if changed and owner is not None else None
+        step = step.model_copy(update={"best_geomean_speedup": traj.best_speedup, "best": ref})
         self.store.save_step(step)
-        self.trajectory.add(step, source)
+        if changed:
+            self.store.save_best(traj.best.source, traj.best.result)
+        traj.add(step, source)
         state = state.model_copy(update={**self._totals(), "updated_at": now()})
         self.store.save_state(state)
         self.on_step(step, state)

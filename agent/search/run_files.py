@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 
 M = TypeVar("M", bound=BaseModel)
+TMP_SUFFIX = ".tmp"  # atomic_write's temp files: .<name>.<pid>.tmp beside the file
 
 
 class RunError(Exception):
@@ -63,15 +64,23 @@ def read_record(path: Path, model: type[M]) -> M:
 
 def atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written temp behind (a kill -9 may: see leftovers)
+        if isinstance(e, OSError):  # one line naming the file, as the CLI prints it; what was committed stays
+            raise RunError(f"{path}: cannot write: {e.strerror or e}") from None
+        raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
+    except OSError as e:
+        raise RunError(f"{path}: cannot write: {e.strerror or e}") from None
     finally:
         os.close(dir_fd)
 

@@ -3,23 +3,28 @@
 Layout::
 
     config.json            RunConfig (with the task package's digest)
-    state.json             RunState, rewritten after every step
+    state.json             RunState, rewritten after every step (its totals follow the steps on resume)
     starter.<ext>          the kernel the run started from
     steps/0003/            one folder per step
         proposal.json      the planner's proposal: idea, request, reply, usage
         candidate.<ext>    the source evaluated
-        result.json        EvalResult
-        step.json          Step - written last: a step without it is unfinished
+        result.json        EvalResult (a copy of step.json's result, written just before it)
+        step.json          Step - the step's commit, written last in one rename: it holds the step's
+                           result and, when the step changed the best kernel or its timing, ``best``
+                           (which step's kernel is the best, its latest result). A step without it is
+                           unfinished: evaluated again on resume, whatever else its folder holds.
     best/kernel.<ext>, best/result.json, best/diff.patch
-                           result.json: the best kernel's latest timing (re-timed
-                           side by side with a candidate); its step keeps the first
+                           a cache for people and exports, rewritten after the commit that changed it;
+                           the run's best is the one named by the latest commit (runs older than step
+                           commits: this folder), so a kill before the cache is written is repaired on resume
     lock                   flock()ed by the process driving the run: a run whose
                            state says RUNNING but whose lock is free was killed
 
 Every file goes through ``run_files``: written atomically, and read by one
 reader that turns damage into a one-line RunError naming the file.
 The loop reads a run once, when it starts or resumes (``trajectory.py``), then
-writes each step's files once.
+writes each step's files once; on start it removes what a crash left behind
+(temp files, an unfinished step's result).
 """
 
 from __future__ import annotations
@@ -242,18 +247,38 @@ class RunStore:
         run_files.atomic_write(self.step_dir(index) / "proposal.json", proposal.model_dump_json(indent=2))
 
     def save_step(self, step: Step) -> None:
+        """The step's commit: its result's copy, then step.json (with the best it leaves) in one rename."""
         d = self.step_dir(step.index)
         if step.result is not None:
             run_files.atomic_write(d / "result.json", step.result.model_dump_json(indent=2))
         run_files.atomic_write(d / "step.json", step.model_dump_json(indent=2))  # last: the step is finished
 
     def save_best(self, source: str, result: EvalResult) -> None:
+        """The best/ cache. The kernel goes last: a kernel and result that match the commit imply its diff."""
         language = self.config.language
         d = self.path / "best"
-        run_files.atomic_write(d / f"kernel{language.ext}", source)
-        run_files.atomic_write(d / "result.json", result.model_dump_json(indent=2))
         run_files.atomic_write(d / "diff.patch", unified_diff(self.starter, source, f"starter{language.ext}",
                                                               f"best{language.ext}"))
+        run_files.atomic_write(d / "result.json", result.model_dump_json(indent=2))
+        run_files.atomic_write(d / f"kernel{language.ext}", source)
+
+    def remove_leftovers(self) -> list[Path]:
+        """What a crash left behind, removed by the process about to drive the run: temp files, the result of
+        a step never committed (evaluated again), a step folder whose proposal was never saved."""
+        gone = [p for p in self.path.rglob(f".*{run_files.TMP_SUFFIX}") if p.is_file()]
+        for d in self._step_dirs():
+            if (d / "step.json").exists():
+                continue
+            if (d / "proposal.json").exists():
+                gone += [p for p in (d / "result.json",) if p.exists()]
+            else:
+                gone += [p for p in d.iterdir() if p.is_file()]
+        for p in gone:
+            p.unlink(missing_ok=True)
+        for d in self._step_dirs():
+            if not any(d.iterdir()):
+                d.rmdir()
+        return gone
 
     def save_state(self, state: RunState) -> None:
         run_files.atomic_write(self.path / "state.json", state.model_dump_json(indent=2))

@@ -10,7 +10,7 @@ import bisect
 from typing import NamedTuple, Optional
 
 from optagent.protocols import Attempt, GpuFacts, redact
-from optagent.schema import EvalResult, Proposal, Step, StepOutcome, Usage
+from optagent.schema import BestRef, EvalResult, Proposal, Step, StepOutcome, Usage
 from optagent.search.store import RunStore
 
 KEEPS_BEST = (StepOutcome.ACCEPTED, StepOutcome.BASELINE)
@@ -19,6 +19,7 @@ KEEPS_BEST = (StepOutcome.ACCEPTED, StepOutcome.BASELINE)
 class Best(NamedTuple):
     source: str
     result: EvalResult  # its latest timing: re-timed side by side with a candidate, it replaces the first
+    step: Optional[int] = None  # the step whose candidate it is
 
 
 class Trajectory:
@@ -29,6 +30,7 @@ class Trajectory:
         self.starter = starter
         self.best = best
         self.unfinished = list(unfinished or [])  # proposals saved, never evaluated: evaluated first on resume
+        self.cache_stale = False  # best/ disagrees with the latest commit (killed before the cache was written)
         self._reset()
 
     def _reset(self) -> None:
@@ -37,6 +39,7 @@ class Trajectory:
         self.attempts: list[Attempt] = []  # as the planner sees them, redacted once per step
         self.usage = Usage()
         self.best_step: Optional[int] = None
+        self.best_ref: Optional[BestRef] = None  # the best named by the latest commit that changed it
         self.candidates = 0  # steps after the starter
         self.streak = 0  # candidates since the last accepted one
         self.gpu: Optional[dict] = None  # the latest measured device's facts
@@ -44,10 +47,17 @@ class Trajectory:
     @classmethod
     def load(cls, store: RunStore) -> "Trajectory":
         """The one read of a run's steps, sources and best; damage is a RunError naming the file."""
-        best = store.best()
-        traj = cls(store.starter, Best(*best) if best else None, store.unfinished_steps())
+        cached = store.best()
+        traj = cls(store.starter, None, store.unfinished_steps())
         for step in store.steps():
             traj.add(step, store.step_source(step.index))
+        ref = traj.best_ref  # None for runs older than step commits
+        source = traj.sources.get(ref.step) if ref else None
+        if ref is not None and source is not None:
+            traj.best = Best(source, ref.result, ref.step)
+            traj.cache_stale = cached != (source, ref.result)
+        elif cached is not None:  # a run older than step commits: best/ is the record
+            traj.best = Best(*cached, traj.best_step)
         return traj
 
     def add(self, step: Step, source: Optional[str]) -> None:
@@ -69,11 +79,17 @@ class Trajectory:
         self.usage = self.usage + step.usage
         if step.outcome in KEEPS_BEST:
             self.best_step = step.index
+        if step.best is not None and (self.best_ref is None or step.best.seq > self.best_ref.seq):
+            self.best_ref = step.best
         if step.index > 0:
             self.candidates += 1
             self.streak = 0 if step.outcome is StepOutcome.ACCEPTED else self.streak + 1
         if step.result is not None and step.result.gpu:
             self.gpu = step.result.gpu
+
+    @property
+    def next_seq(self) -> int:
+        return self.best_ref.seq + 1 if self.best_ref else 0
 
     @property
     def next_index(self) -> int:
