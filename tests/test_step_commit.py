@@ -72,7 +72,7 @@ def times() -> dict:
 def new_run(root: Path, task_dir: Path) -> RunStore:
     task = task_of(task_dir)
     cfg = RunConfig(run_id=new_run_id(task.name), task_dir=str(task.root), task_name=task.name, task_digest="x",
-                    language=Language.TRITON, device="cpu", planner="scripted", timeout_s=10, min_gain=0.01,
+                    language=Language.TRITON, device="cpu", planner="offline", timeout_s=10, min_gain=0.01,
                     patience=100, max_steps=len(PLAN))
     return RunStore.create(root, cfg, "starter")
 
