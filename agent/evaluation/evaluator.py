@@ -22,6 +22,8 @@ from optagent.evaluation.checks import python_syntax_error, redact, static_verdi
 from optagent.worker.interpreter_faults import source_uses_fp8
 from optagent.messages import CaseSpec, Job, TimingSpec
 from optagent.progress import Phase, PipeRelay, Progress, ProgressSink
+from optagent.evaluation import isolation
+from optagent.evaluation.limits import limits_for, over_memory, record
 from optagent.evaluation.sandbox import WorkerRun, keep_scratch, new_scratch, remove_scratch, run_worker
 from optagent.schema import CaseKind, CaseResult, EvalResult, Language, Status, Timing, worst
 from optagent.task import TaskError, TaskPackage
@@ -98,6 +100,7 @@ class SandboxEvaluator:
         self.timeout_s, self.compiler, self.keep = timeout_s, compiler, keep_scratch
         self.scratch_root = scratch_root
         self.static_scan = static_scan  # off only in tests of the dynamic defences behind it
+        isolation.mechanism()  # a bad OPTAGENT_ISOLATION, or a forced one that does not work, fails here
         self.timing = TimingSpec() if device == "cuda" else TimingSpec(min_iters=2, max_iters=3, budget_s=0.0,
                                                                        input_sets=2, warmup=1)
 
@@ -106,7 +109,9 @@ class SandboxEvaluator:
         start = time.monotonic()
         relay = PipeRelay(progress, self.cases) if progress else None
         sha = hashlib.sha256(source.encode()).hexdigest()
-        common = dict(language=language, device=self.device, source_sha256=sha)
+        # what the candidate process will run under, recorded in every verdict (none included)
+        iso = record(isolation.describe(isolation.mechanism()), limits_for(self.device))
+        common = dict(language=language, device=self.device, source_sha256=sha, isolation=iso)
         # A syntax error first: it is what is wrong, whatever else the scan would say of the text
         # (a file cut off before its @triton.jit "defines no kernel" too).
         bad = python_syntax_error(source) if language is not Language.CUDA else None
@@ -147,7 +152,9 @@ class SandboxEvaluator:
         extra = dict(device_name=hello.get("device_name"), baseline_label=hello.get("baseline_label"),
                      log_tail=tail, gpu=hello.get("gpu"))
         if compiled is None:
-            if error:
+            if run.limit:
+                reason = run.limit
+            elif error:
                 reason = f"harness failed before the candidate was loaded: {error['error']}"
             elif run.timed_out:
                 reason = f"the baseline did not finish within {self.timeout_s:.0f} s"
@@ -199,6 +206,8 @@ class SandboxEvaluator:
             status, reason = Status.REJECTED, forged
         elif integrity:
             status, reason = Status.REJECTED, integrity[0]["reason"]
+        elif run.limit:
+            status, reason = Status.RUNTIME_ERROR, run.limit
         elif run.first("done") is None and status is Status.PASSED:
             status = Status.REJECTED
             reason = f"the candidate process {run.exit_text} before the harness finished its checks"
@@ -217,6 +226,8 @@ class SandboxEvaluator:
         return None
 
     def _died(self, run: WorkerRun, error: Optional[dict]) -> tuple[Status, str]:
+        if run.limit:
+            return Status.RUNTIME_ERROR, run.limit
         if run.timed_out:
             return Status.TIMEOUT, f"did not finish within the {self.timeout_s:.0f} s limit"
         if run.returncode == 0 and not error:  # only candidate code ends the process "successfully" mid-case
@@ -225,7 +236,7 @@ class SandboxEvaluator:
             text = error["error"]
             if COMPILE_FAILURE.search(text):
                 return Status.COMPILE_ERROR, text[:600]
-            return Status.RUNTIME_ERROR, text[:600]
+            return Status.RUNTIME_ERROR, over_memory(text, run.isolation, "candidate") or text[:600]
         lines = [ln for ln in run.stderr_tail.strip().splitlines() if ln.strip()][-3:]
         return Status.RUNTIME_ERROR, f"the candidate process {run.exit_text}" + (f": {' | '.join(lines)[:400]}" if lines else "")
 
@@ -245,7 +256,7 @@ class SandboxEvaluator:
                 continue
             v = verdicts.get(c.case)
             if v is None:
-                why = failure["error"] if failure else f"judge {verdict_run.exit_text}"
+                why = verdict_run.limit or (failure["error"] if failure else f"judge {verdict_run.exit_text}")
                 out.append(c.model_copy(update={"status": Status.RUNTIME_ERROR, "reason": f"not judged: {why}"}))
                 continue
             upd = {k: v.get(k) for k in ("rel_err", "max_abs_err", "tolerance", "floor_us", "compute_floor_us")}

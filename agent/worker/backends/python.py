@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import shutil
 import sys
@@ -34,6 +35,7 @@ class PythonBackend:
 
     def load_fresh(self, tag: str) -> Callable:
         assert self.source_path is not None
+        self.release()
         # A new file name per case: Triton keys its in-memory caches on the
         # function object, and tracebacks then name the case.
         path = self.scratch / f"candidate_{tag}.py"
@@ -43,6 +45,7 @@ class PythonBackend:
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
+        self.module = module
         try:
             spec.loader.exec_module(module)
         except Exception as e:
@@ -51,6 +54,17 @@ class PythonBackend:
         if not callable(fn):
             raise CompileError("the module defines no callable run_kernel")
         return fn
+
+    def release(self) -> None:
+        """Drops the last case's module: what it holds (a 4 GiB global) must not pile up case after case.
+        Its namespace is emptied too, since the old run_kernel and Triton's caches still reach it."""
+        module, self.module = getattr(self, "module", None), None
+        if module is None:
+            return
+        sys.modules.pop(module.__name__, None)
+        module.__dict__.clear()
+        del module
+        gc.collect()
 
 
 def _short_traceback(e: BaseException, path: Path) -> str:
