@@ -15,7 +15,8 @@ from optagent.cli.inputs import NON_NEGATIVE, PATIENCE, SECONDS, STEPS, UserErro
 from optagent.schema import Language, RunConfig, RunState, RunStatus, Step
 from optagent.search.store import RunError, RunStore, list_runs, runs_dir
 from optagent.task import TaskPackage, load_task
-from optagent.cli.views import STATUS_STYLE, console, fmt, human_console, keep_ids_whole, print_eval, print_json, ratio
+from optagent.cli.views import (STATUS_STYLE, console, fmt, human_console, isolation_line, keep_ids_whole, print_eval,
+                                print_json, ratio)
 
 
 def _pick_language(task: TaskPackage, device: str, wanted: Optional[str]) -> Language:
@@ -118,6 +119,7 @@ def _drive(store: RunStore, task: TaskPackage, a, con, planner) -> int:
         if cfg.device == "cpu":
             con.print("CPU mode: Triton's interpreter on the smoke cases; times and speedups show that kernels "
                       "work and compare them with each other, not how fast they are on a GPU", soft_wrap=True)
+        con.print(isolation_line(evaluator.planned_isolation), soft_wrap=True)
         state = Loop(store, task, planner, evaluator, limits, _progress(con, time.monotonic(), live),
                      progress=live).run()
     finally:

@@ -11,7 +11,7 @@ from typing import Optional
 from rich.console import Console
 from rich.table import Table
 
-from optagent.schema import EvalResult, Mechanism, Status, Timing
+from optagent.schema import EvalResult, Isolation, Mechanism, Status, Timing
 
 STATUS_STYLE = {Status.PASSED: "green", Status.INCORRECT: "red", Status.COMPILE_ERROR: "red",
                 Status.RUNTIME_ERROR: "red", Status.TIMEOUT: "yellow", Status.REJECTED: "bold red",
@@ -86,9 +86,8 @@ def eval_table(result: EvalResult, title: Optional[str] = None) -> Table:
     return t
 
 
-def isolation_line(result: EvalResult) -> str:
+def isolation_line(iso: Isolation) -> str:
     """What the operating system kept from the candidate, and its limits; 'none' stands out."""
-    iso = result.isolation
     limits = [f"{iso.memory_gib:g} GiB memory" if iso.memory_gib else "", f"{iso.tasks} tasks" if iso.tasks else "",
               f"{iso.output_mib} MiB output" if iso.output_mib else ""]
     tail = f"; limits {', '.join(x for x in limits if x)}" if any(limits) else ""
@@ -112,7 +111,7 @@ def print_eval(con: Console, result: EvalResult) -> None:
     if result.baseline_label:
         line += f"  (baseline: {result.baseline_label})"
     con.print(line, soft_wrap=True)
-    con.print(isolation_line(result), soft_wrap=True)
+    con.print(isolation_line(result.isolation), soft_wrap=True)
     if any(_slow(c.time) or _slow(c.baseline) for c in result.cases):
         con.print("* eager time taken while the host ran slower than usual for most calls (see host_speed.py)")
     if result.status is not Status.PASSED and result.log_tail:

@@ -25,7 +25,7 @@ from optagent.progress import Phase, PipeRelay, Progress, ProgressSink
 from optagent.evaluation import isolation
 from optagent.evaluation.limits import limits_for, over_memory, record
 from optagent.evaluation.sandbox import WorkerRun, keep_scratch, new_scratch, remove_scratch, run_worker
-from optagent.schema import CaseKind, CaseResult, EvalResult, Language, Status, Timing, worst
+from optagent.schema import CaseKind, CaseResult, EvalResult, Isolation, Language, Status, Timing, worst
 from optagent.task import TaskError, TaskPackage
 
 # Triton compiles at the first call; under the CPU interpreter the same mistakes
@@ -100,18 +100,22 @@ class SandboxEvaluator:
         self.timeout_s, self.compiler, self.keep = timeout_s, compiler, keep_scratch
         self.scratch_root = scratch_root
         self.static_scan = static_scan  # off only in tests of the dynamic defences behind it
-        isolation.mechanism()  # a bad OPTAGENT_ISOLATION, or a forced one that does not work, fails here
+        # a bad OPTAGENT_ISOLATION or OPTAGENT_MEMORY_LIMIT_GIB, or a forced mechanism that does not work, fails here
+        isolation.mechanism(), limits_for(device)
         self.timing = TimingSpec() if device == "cuda" else TimingSpec(min_iters=2, max_iters=3, budget_s=0.0,
                                                                        input_sets=2, warmup=1)
+
+    @property
+    def planned_isolation(self) -> Isolation:
+        """What the candidate process runs under: recorded in every verdict, 'none' included."""
+        return record(isolation.describe(isolation.mechanism()), limits_for(self.device))
 
     def evaluate(self, source: str, language: Language, progress: Optional[ProgressSink] = None) -> EvalResult:
         """progress, when given, hears each phase of the evaluation as it starts."""
         start = time.monotonic()
         relay = PipeRelay(progress, self.cases) if progress else None
         sha = hashlib.sha256(source.encode()).hexdigest()
-        # what the candidate process will run under, recorded in every verdict (none included)
-        iso = record(isolation.describe(isolation.mechanism()), limits_for(self.device))
-        common = dict(language=language, device=self.device, source_sha256=sha, isolation=iso)
+        common = dict(language=language, device=self.device, source_sha256=sha, isolation=self.planned_isolation)
         # A syntax error first: it is what is wrong, whatever else the scan would say of the text
         # (a file cut off before its @triton.jit "defines no kernel" too).
         bad = python_syntax_error(source) if language is not Language.CUDA else None
@@ -187,7 +191,9 @@ class SandboxEvaluator:
                 stop = True
                 continue
             if msg["status"] != "RAN":
-                cases.append(CaseResult(status=Status(msg["status"]), reason=msg["reason"], **row))
+                over = over_memory(msg["reason"] or "", run.isolation, "candidate")  # e.g. at the module's import
+                cases.append(CaseResult(status=Status.RUNTIME_ERROR if over else Status(msg["status"]),
+                                        reason=over or msg["reason"], **row))
                 stop = True
                 continue
             t = _timing(msg.get("timing"))

@@ -29,7 +29,7 @@ MEMORY_ENV = "OPTAGENT_MEMORY_LIMIT_GIB"
 OUTPUT_BYTES = 64 << 20
 TAIL_BYTES = 64 << 10  # what the parent keeps of the output in memory
 TASKS = 4096  # processes and threads of one worker
-TICK = 0.25  # seconds between looks at the worker's tree
+TICK = 0.5  # seconds between looks at the worker's tree (a scan of /proc)
 RLIMITS_ENV = "OPTAGENT_RLIMITS"
 # How an allocation refused by RLIMIT_DATA surfaces in Python and in PyTorch.
 ALLOCATION_FAILED = re.compile(r"MemoryError|can't allocate memory|Cannot allocate memory|std::bad_alloc")
@@ -129,29 +129,35 @@ class LogTap:
         return self.tail.decode(errors="replace")
 
 
+def _read(path: str) -> bytes:
+    # os.open/os.read, not pathlib: a scan of /proc reads hundreds of files every tick
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
 def tree_usage(root: int) -> tuple[int, int]:
     """(resident anonymous + shared bytes, threads) of `root` and every process below it."""
-    parent: dict[int, int] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
             try:
-                stat = Path(f"/proc/{entry.name}/stat").read_text()
-                parent[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+                ppid = int(_read(f"/proc/{name}/stat").rsplit(b")", 1)[1].split(None, 2)[1])
             except (OSError, ValueError, IndexError):
                 continue
-    children: dict[int, list[int]] = {}
-    for pid, ppid in parent.items():
-        children.setdefault(ppid, []).append(pid)
+            children.setdefault(ppid, []).append(int(name))
     memory, threads, todo = 0, 0, [root]
     while todo:
         pid = todo.pop()
         todo.extend(children.get(pid, ()))
         try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                key, _, value = line.partition(":")
-                if key in ("RssAnon", "RssShmem"):
+            for line in _read(f"/proc/{pid}/status").splitlines():
+                key, _, value = line.partition(b":")
+                if key in (b"RssAnon", b"RssShmem"):
                     memory += int(value.split()[0]) * 1024
-                elif key == "Threads":
+                elif key == b"Threads":
                     threads += int(value)
         except (OSError, ValueError, IndexError):
             continue

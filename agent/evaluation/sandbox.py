@@ -115,11 +115,15 @@ def run_worker(job: Job, timeout_s: float, on_message: Optional[Callable[[dict],
         proc = subprocess.Popen(argv, pass_fds=(wfd,), start_new_session=True, env=env, cwd=scratch,
                                 stdin=subprocess.DEVNULL, stdout=log_w, stderr=subprocess.STDOUT,
                                 preexec_fn=_die_with_parent)
+    except BaseException:
+        os.close(lfd)
+        os.close(rfd)
+        raise
     finally:
         os.close(wfd)
         os.close(log_w)
     tap = LogTap(lfd, scratch / f"{job.mode}.log", limits.output_bytes)
-    watch = Watch(proc.pid, limits, tap, "candidate" if job.mode == "candidate" else job.mode)
+    watch = Watch(proc.pid, limits, tap, job.mode)
     limit: Optional[str] = None
     chunks: list[bytes] = []
     timed_out = False
