@@ -100,8 +100,8 @@ class SandboxEvaluator:
         self.timeout_s, self.compiler, self.keep = timeout_s, compiler, keep_scratch
         self.scratch_root = scratch_root
         self.static_scan = static_scan  # off only in tests of the dynamic defences behind it
-        # a bad OPTAGENT_ISOLATION or OPTAGENT_MEMORY_LIMIT_GIB, or a forced mechanism that does not work, fails here
-        isolation.mechanism(), limits_for(device)
+        isolation.mechanism()  # a bad OPTAGENT_ISOLATION, or a forced mechanism that does not work, fails here
+        limits_for(device)  # and so does a bad OPTAGENT_MEMORY_LIMIT_GIB
         self.timing = TimingSpec() if device == "cuda" else TimingSpec(min_iters=2, max_iters=3, budget_s=0.0,
                                                                        input_sets=2, warmup=1)
 
@@ -191,7 +191,7 @@ class SandboxEvaluator:
                 stop = True
                 continue
             if msg["status"] != "RAN":
-                over = over_memory(msg["reason"] or "", run.isolation, "candidate")  # e.g. at the module's import
+                over = over_memory(msg["reason"] or "", run.isolation, self.device)  # e.g. at the module's import
                 cases.append(CaseResult(status=Status.RUNTIME_ERROR if over else Status(msg["status"]),
                                         reason=over or msg["reason"], **row))
                 stop = True
@@ -242,7 +242,7 @@ class SandboxEvaluator:
             text = error["error"]
             if COMPILE_FAILURE.search(text):
                 return Status.COMPILE_ERROR, text[:600]
-            return Status.RUNTIME_ERROR, over_memory(text, run.isolation, "candidate") or text[:600]
+            return Status.RUNTIME_ERROR, over_memory(text, run.isolation, self.device) or text[:600]
         lines = [ln for ln in run.stderr_tail.strip().splitlines() if ln.strip()][-3:]
         return Status.RUNTIME_ERROR, f"the candidate process {run.exit_text}" + (f": {' | '.join(lines)[:400]}" if lines else "")
 

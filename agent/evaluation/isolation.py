@@ -167,14 +167,16 @@ def wrap(argv: list[str], env: dict[str, str], mech: Mechanism, scratch: Path, d
         cmd += ["--size", str(TMP_BYTES), "--tmpfs", str(d)] if d == Path("/tmp") else ["--tmpfs", str(d)]
     wanted = _paths_from(env, [task_dir, str(cache_root()), *extra_reads, *(GPU_RUN if device == "cuda" else ())])
     writable = [w.resolve() for w in writable]
-    reads = [p for p in _outermost([p for p in wanted if _under(p, hidden)]) if not _under(p, writable)]
+    # what the empty /tmp and /run hide but the worker needs (a venv in /tmp), never the whole of one
+    reads = [p for p in _outermost([p for p in wanted if _under(p, hidden) and p not in hidden])
+             if not _under(p, writable)]
     for p in reads:
         cmd += ["--ro-bind-try", str(p), str(p)]
     for w in writable:
         cmd += ["--bind", str(w), str(w)]
     # Other evaluations' scratch directories (job files, outputs): an empty directory in their place.
     base = scratch.parent
-    if not _under(base, hidden) and not any(_under(p, [base]) for p in [*reads, *writable] if p != base):
+    if not _under(base, hidden) and not any(_under(p, [base]) for p in [*reads, *writable]):
         cmd += ["--tmpfs", str(base)]
     cmd += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch), "--", *argv]
     return cmd

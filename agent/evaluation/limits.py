@@ -81,10 +81,10 @@ def rlimits(limits: Limits, device: str, mech: Mechanism) -> dict[str, str]:
     return {RLIMITS_ENV: ",".join(items)} if items else {}
 
 
-def over_memory(text: str, iso: Isolation, who: str) -> Optional[str]:
-    """The reason for an allocation the memory limit refused, or None."""
-    if iso.memory_gib and ALLOCATION_FAILED.search(text):
-        return f"the {who} process exceeded the {iso.memory_gib:g} GiB memory limit ({text.strip()[:300]})"
+def over_memory(text: str, iso: Isolation, device: str) -> Optional[str]:
+    """The reason for an allocation that RLIMIT_DATA refused the candidate (on CPU only), or None."""
+    if device == "cpu" and iso.memory_gib and ALLOCATION_FAILED.search(text):
+        return f"the candidate process exceeded the {iso.memory_gib:g} GiB memory limit ({text.strip()[:300]})"
     return None
 
 

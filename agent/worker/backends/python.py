@@ -8,6 +8,7 @@ import shutil
 import sys
 import traceback
 from pathlib import Path
+from types import ModuleType
 from typing import Callable
 
 from optagent.evaluation.checks import python_syntax_error
@@ -20,6 +21,7 @@ class PythonBackend:
         self.language = language
         self.device = device
         self.source_path: Path | None = None
+        self.module: ModuleType | None = None  # the last case's
 
     def prepare(self, source_path: Path, scratch: Path) -> None:
         if self.language is Language.TILELANG:
@@ -58,13 +60,11 @@ class PythonBackend:
     def release(self) -> None:
         """Drops the last case's module: what it holds (a 4 GiB global) must not pile up case after case.
         Its namespace is emptied too, since the old run_kernel and Triton's caches still reach it."""
-        module, self.module = getattr(self, "module", None), None
-        if module is None:
-            return
-        sys.modules.pop(module.__name__, None)
-        module.__dict__.clear()
-        del module
-        gc.collect()
+        module, self.module = self.module, None
+        if module is not None:
+            sys.modules.pop(module.__name__, None)
+            module.__dict__.clear()
+            gc.collect()
 
 
 def _short_traceback(e: BaseException, path: Path) -> str:
