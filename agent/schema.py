@@ -107,6 +107,26 @@ class CaseResult(Record):
         return self
 
 
+class Mechanism(str, enum.Enum):
+    BWRAP = "bwrap"  # bubblewrap: namespaces, a read-only file system, a private /tmp and /proc
+    UNSHARE = "unshare"  # util-linux unshare: namespaces only, the file system stays writable
+    NONE = "none"
+
+
+class Isolation(Record):
+    """What the operating system kept from the candidate process (evaluation/isolation.py).
+    The default is what every evaluation had before isolation was recorded: none."""
+
+    mechanism: Mechanism = Mechanism.NONE
+    user_ns: bool = False  # its own user namespace, mapped to an unprivileged uid
+    pid_ns: bool = False  # its own PID namespace: nothing it starts outlives it, no other /proc
+    no_network: bool = False
+    ro_fs: bool = False  # read-only file system apart from its scratch directory
+    memory_gib: Optional[float] = None  # limits the parent enforced: host memory,
+    tasks: Optional[int] = None  # processes and threads,
+    output_mib: Optional[int] = None  # stdout and stderr
+
+
 class EvalResult(Record):
     status: Status
     reason: Optional[str] = None
@@ -119,6 +139,7 @@ class EvalResult(Record):
     wall_s: float = Field(ge=0)
     log_tail: Optional[str] = None  # candidate stderr tail, for the planner
     gpu: Optional[dict] = None  # name, sm_count, l2_mb, bandwidth_gbs of the device measured on
+    isolation: Isolation = Field(default_factory=Isolation)
 
     @model_validator(mode="after")
     def _consistent(self) -> "EvalResult":

@@ -96,7 +96,7 @@ STATIC = {
     "forge_result": r"imports os", "forge_with_nonce": r"imports json", "os_exit": r"imports os",
     "self_kill": r"imports os", "gc_reader": r"imports gc", "write_file": r"opens files \(open\)",
     "write_file_torch_save": r"torch\.save", "fork_bomb": r"imports os", "read_env": r"imports os",
-    "read_parent_env": r"imports os", "obf_getattr_import": r"getattr|__import__",
+    "read_parent_env": r"imports os", "obf_getattr_import": r"getattr|__import__", "scan_environ": r"imports os",
     "obf_builtins_importlib": r"__builtins__", "obf_globals": r"globals|environ", "obf_exec_base64": r"base64",
     "obf_exec_hex": r"exec", "obf_compile_eval": r"eval|compile", "obf_subclasses": r"interpreter internals",
     "obf_getattr_computed": r"computes an attribute name", "obf_torch_os": r"torch\.os",
@@ -204,6 +204,7 @@ DYNAMIC = {
     "approx": (["smoke-1"], Status.INCORRECT, r"relative error .* exceeds", []),
     "torch_decoy_elementwise": (["smoke-1"], Status.REJECTED, r"PyTorch", []),
     "illegal_access": (["smoke-1"], Status.RUNTIME_ERROR, r"SIGSEGV|SIGBUS|illegal|out of bounds", []),
+    "print_flood": (["smoke-1"], Status.RUNTIME_ERROR, r"wrote over 64 MiB of output", []),
 }
 
 
@@ -249,6 +250,7 @@ SCAN_OFF = {
     "patch_perf_counter": (Status.REJECTED, r"patched the harness's timers \(time\.perf_counter\)", []),
     "os_exit": (Status.REJECTED, r"exited with code 0|before the harness", []),
     "read_env": (Status.RUNTIME_ERROR, r"key=None", []),  # the worker's environment holds no keys
+    "scan_environ": (Status.REJECTED, r"use the operating system.*\(os\.listdir: /proc", []),  # OS: test_isolation
     "torch_decoy": (Status.REJECTED, r"PyTorch", []),
     "forge_result": (Status.REJECTED, r"result channel", []),
     "forge_with_nonce": (Status.REJECTED, r"nonce|result channel|duplicate", []),
@@ -296,7 +298,9 @@ def test_parent_environment_is_out_of_reach(tmp_path):
     assert FAKE_KEY not in out.stdout + out.stderr
     result = EvalResult.model_validate_json(out.stdout.strip().splitlines()[-1])
     assert result.status is not Status.PASSED
-    assert re.search(r"open a file", result.reason or ""), result.reason
+    # the audit guard refuses the open; in a PID namespace the parent is the sandbox's init, never reached
+    pattern = r"found none" if result.isolation.pid_ns else r"open a file"
+    assert re.search(pattern, result.reason or ""), result.reason
 
 
 # ---------------------------------------------------------------------------- the run-time helpers

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from optagent import __version__
 from optagent.schema import Language, Status
+from optagent.secret_env import hide_secrets
 from optagent.evaluation.evaluator import CaseListError
 # UserError lives in inputs so that `python -m optagent.cli.main` (cli as __main__) catches the same class
 from optagent.cli.inputs import EnvError, OneLineParser, UserError  # noqa: F401 (re-exported)
@@ -151,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    if argv is None:  # the real command line, not a caller's: keys out of /proc/<pid>/environ (re-executes)
+        hide_secrets()
     parser = build_parser()
     a = parser.parse_args(argv)
     err = console(stderr=True)

@@ -15,7 +15,7 @@ from optagent.schema import Device, Language, PlannerKind, RunConfig, RunState, 
 from optagent.search.loop import Loop
 from optagent.search.store import RunError, RunStore, new_run_id, runs_dir
 from optagent.task import TaskPackage, load_task
-from optagent.cli.views import STATUS_STYLE, console, fmt, human_console, print_json, ratio
+from optagent.cli.views import STATUS_STYLE, console, fmt, human_console, isolation_line, print_json, ratio
 
 
 def _pick_language(task: TaskPackage, device: Device, wanted: Optional[str]) -> Language:
@@ -83,6 +83,7 @@ def _drive(store: RunStore, task: TaskPackage, a, con, planner: Planner, evaluat
         if cfg.device is Device.CPU:
             con.print("CPU mode: Triton's interpreter on the smoke cases; times and speedups show that kernels "
                       "work and compare them with each other, not how fast they are on a GPU", soft_wrap=True)
+        con.print(isolation_line(evaluator.planned_isolation), soft_wrap=True)
         state = Loop(store, task, planner, evaluator, run_limits(cfg), _progress(con, time.monotonic(), live),
                      progress=live).run()
     finally:

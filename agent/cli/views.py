@@ -11,7 +11,7 @@ from typing import Optional
 from rich.console import Console
 from rich.table import Table
 
-from optagent.schema import Device, EvalResult, Status, Timing
+from optagent.schema import Device, EvalResult, Isolation, Mechanism, Status, Timing
 
 STATUS_STYLE = {Status.PASSED: "green", Status.INCORRECT: "red", Status.COMPILE_ERROR: "red",
                 Status.RUNTIME_ERROR: "red", Status.TIMEOUT: "yellow", Status.REJECTED: "bold red",
@@ -86,6 +86,18 @@ def eval_table(result: EvalResult, title: Optional[str] = None) -> Table:
     return t
 
 
+def isolation_line(iso: Isolation) -> str:
+    """What the operating system kept from the candidate, and its limits; 'none' stands out."""
+    limits = [f"{iso.memory_gib:g} GiB memory" if iso.memory_gib else "", f"{iso.tasks} tasks" if iso.tasks else "",
+              f"{iso.output_mib} MiB output" if iso.output_mib else ""]
+    tail = f"; limits {', '.join(x for x in limits if x)}" if any(limits) else ""
+    if iso.mechanism is Mechanism.NONE:
+        return f"[bold yellow]isolation: none[/] (the candidate ran as your user, with your files and network){tail}"
+    kept = [name for name, on in (("user", iso.user_ns), ("pid", iso.pid_ns), ("net", iso.no_network)) if on]
+    fs = "read-only file system" if iso.ro_fs else "writable file system"
+    return f"isolation: {iso.mechanism.value} ({'+'.join(kept)} namespaces, {fs}){tail}"
+
+
 def print_eval(con: Console, result: EvalResult) -> None:
     if result.cases:
         con.print(eval_table(result))
@@ -99,6 +111,7 @@ def print_eval(con: Console, result: EvalResult) -> None:
     if result.baseline_label:
         line += f"  (baseline: {result.baseline_label})"
     con.print(line, soft_wrap=True)
+    con.print(isolation_line(result.isolation), soft_wrap=True)
     if any(_slow(c.time) or _slow(c.baseline) for c in result.cases):
         con.print("* eager time taken while the host ran slower than usual for most calls (see host_speed.py)")
     if result.status is not Status.PASSED and result.log_tail:

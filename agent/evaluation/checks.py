@@ -15,10 +15,10 @@ a score rests on; this module narrows what a candidate can try.
 from __future__ import annotations
 
 import ast
-import os
 import re
 from typing import Optional
 
+from optagent import secret_env
 from optagent.schema import Language
 
 # Libraries that would compute the answer, and the harness's modules; a prefix match, so
@@ -246,7 +246,7 @@ def static_verdict(source: str, language: Language) -> Optional[str]:
 
 def redact(text: str, environ: Optional[dict] = None) -> str:
     """``text`` with the values of this (orchestrator) process's secret-looking variables blanked."""
-    for name, value in (os.environ if environ is None else environ).items():
+    for name, value in (secret_env.environ() if environ is None else environ).items():
         if re.search(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", name, re.I) and len(value) >= 8:
             text = text.replace(value, "[redacted]")
     return text

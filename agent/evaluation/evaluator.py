@@ -19,11 +19,13 @@ from typing import Optional
 from optagent.cache import cache_root, write_json
 from optagent.evaluation.checks import python_syntax_error, redact, static_verdict
 from optagent.worker.interpreter_faults import source_uses_fp8
+from optagent.evaluation import isolation
+from optagent.evaluation.limits import limits_for, record
 from optagent.evaluation.sandbox import WorkerRun, keep_scratch, new_scratch, remove_scratch, run_worker
 from optagent.evaluation.verdict import assemble
 from optagent.messages import CaseSpec, Done, Job, Probed, TimingSpec, WorkerError
 from optagent.progress import Phase, PipeRelay, Progress, ProgressSink
-from optagent.schema import CaseKind, Device, EvalResult, Language, Status
+from optagent.schema import CaseKind, Device, EvalResult, Isolation, Language, Status
 from optagent.task import TaskError, TaskPackage
 
 TIMEOUT_S = 300.0  # seconds per worker process, unless --timeout says otherwise
@@ -78,15 +80,22 @@ class SandboxEvaluator:
         self.timeout_s, self.compiler, self.keep = timeout_s, compiler, keep_scratch
         self.scratch_root = scratch_root
         self.static_scan = static_scan  # off only in tests of the dynamic defences behind it
+        isolation.mechanism()  # a bad OPTAGENT_ISOLATION, or a forced mechanism that does not work, fails here
+        limits_for(device)  # and so does a bad OPTAGENT_MEMORY_LIMIT_GIB
         self.timing = TimingSpec() if self.device is Device.CUDA else TimingSpec(min_iters=2, max_iters=3, budget_s=0.0,
                                                                        input_sets=2, warmup=1)
+
+    @property
+    def planned_isolation(self) -> Isolation:
+        """What the candidate process runs under: recorded in every verdict, 'none' included."""
+        return record(isolation.describe(isolation.mechanism()), limits_for(self.device))
 
     def evaluate(self, source: str, language: Language, progress: Optional[ProgressSink] = None) -> EvalResult:
         """progress, when given, hears each phase of the evaluation as it starts."""
         start = time.monotonic()
         relay = PipeRelay(progress, self.cases) if progress else None
         sha = hashlib.sha256(source.encode()).hexdigest()
-        common = dict(language=language, device=self.device, source_sha256=sha)
+        common = dict(language=language, device=self.device, source_sha256=sha, isolation=self.planned_isolation)
         # A syntax error first: it is what is wrong, whatever else the scan would say of the text
         # (a file cut off before its @triton.jit "defines no kernel" too).
         bad = python_syntax_error(source) if language is not Language.CUDA else None

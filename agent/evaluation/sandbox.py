@@ -2,16 +2,17 @@
 
 A worker is ``python -m optagent.worker`` in a new session (its own process
 group), with an allowlisted environment (no API keys or tokens), its scratch
-directory as working directory, and a private pipe for its answer. On timeout
-the whole group is killed, and so is anything that slipped out of the group
-but still carries the run's marker in its environment.
+directory as working directory, and a private pipe for its answer, run under the
+operating system's isolation that this machine allows (isolation.py) and within
+limits on memory, processes and output (limits.py). On timeout or a limit the
+whole group is killed, and so is anything that slipped out of the group but
+still carries the run's marker in its environment (without a PID namespace).
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-import re
 import secrets
 import select
 import shutil
@@ -23,8 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Union
 
+from optagent.cache import cache_root
+from optagent.evaluation import isolation
+from optagent.evaluation.limits import LogTap, Watch, limits_for, record, rlimits
 from optagent.messages import M, Job, Message, parse_line, parse_messages
-from optagent.schema import Device
+from optagent.schema import Device, Isolation, Mechanism
+from optagent.secret_env import SECRET
 
 ALLOWED_ENV = {
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SHELL",
@@ -35,8 +40,8 @@ ALLOWED_ENV = {
     "TORCHINDUCTOR_CACHE_DIR", "TORCH_HOME", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
     "NVSHMEM_DISABLE_NVLS", "TILELANG_CACHE_DIR", "TILELANG_TMP_DIR", "TILELANG_DEFAULT_TARGET",
 }
-SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.I)
 MARKER = "OPTAGENT_SANDBOX"
+TICK = 0.25  # seconds between looks at the worker's limits
 
 
 def child_env(device: Device, marker: str) -> dict[str, str]:
@@ -59,6 +64,8 @@ class WorkerRun:
     timed_out: bool = False
     wall_s: float = 0.0
     stderr_tail: str = ""
+    isolation: Isolation = field(default_factory=Isolation)
+    limit: Optional[str] = None  # the limit the worker broke, as a reason (it was stopped there)
 
     def first(self, kind: type[M]) -> Optional[M]:
         return next((m for m in self.messages if isinstance(m, kind)), None)
@@ -100,17 +107,26 @@ def run_worker(job: Job, timeout_s: float, on_message: Optional[Callable[[Messag
     job_file = scratch / f"job-{job.mode}.json"
     job_file.write_text(job.model_dump_json())
     rfd, wfd = os.pipe()
+    lfd, log_w = os.pipe()
     marker = secrets.token_hex(16)
-    log_path = scratch / f"{job.mode}.log"
+    mech = isolation.mechanism()
+    limits = limits_for(job.device)
+    argv, env = _command(job, scratch, job_file, wfd, marker, mech, limits)
     start = time.monotonic()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "optagent.worker", str(job_file), str(wfd)],
-            pass_fds=(wfd,), start_new_session=True, env=child_env(job.device, marker),
-            cwd=scratch, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
-        )
-    os.close(wfd)
+    try:
+        proc = subprocess.Popen(argv, pass_fds=(wfd,), start_new_session=True, env=env, cwd=scratch,
+                                stdin=subprocess.DEVNULL, stdout=log_w, stderr=subprocess.STDOUT,
+                                preexec_fn=_die_with_parent)
+    except BaseException:
+        os.close(lfd)
+        os.close(rfd)
+        raise
+    finally:
+        os.close(wfd)
+        os.close(log_w)
+    tap = LogTap(lfd, scratch / f"{job.mode}.log", limits.output_bytes)
+    watch = Watch(proc.pid, limits, tap, job.mode)
+    limit: Optional[str] = None
     chunks: list[bytes] = []
     timed_out = False
     deadline = start + timeout_s
@@ -122,7 +138,10 @@ def run_worker(job: Job, timeout_s: float, on_message: Optional[Callable[[Messag
             if left <= 0:
                 timed_out = True
                 break
-            ready, _, _ = select.select([rfd], [], [], min(left, 1.0))
+            limit = watch.check()
+            if limit:
+                break
+            ready, _, _ = select.select([rfd], [], [], min(left, TICK))
             if ready:
                 data = os.read(rfd, 1 << 16)
                 if not data:
@@ -141,18 +160,37 @@ def run_worker(job: Job, timeout_s: float, on_message: Optional[Callable[[Messag
         raise
     finally:
         os.close(rfd)
-        if timed_out or interrupted:
+        if timed_out or interrupted or limit:
             _killpg(proc.pid)
-        try:
-            proc.wait(timeout=30 if not timed_out else 5)
+        try:  # the pipe closed: the worker is ending, still watched
+            late = watch.wait(proc, 5 if (timed_out or limit) else 30)
         except subprocess.TimeoutExpired:
+            late = None
+        if late or proc.returncode is None:
             _killpg(proc.pid)
             proc.wait()
+        limit = limit or late
         _killpg(proc.pid)  # children the worker left behind in its group
         _kill_marked(marker)
-    tail = log_path.read_text(errors="replace")[-4000:] if log_path.exists() else ""
+        tail = tap.close()[-4000:]  # read from memory, never the whole log
     messages, foreign = parse_messages(b"".join(chunks), job.nonce)
-    return WorkerRun(messages, foreign, proc.returncode, timed_out, time.monotonic() - start, tail)
+    iso = record(isolation.describe(mech), limits)
+    return WorkerRun(messages, foreign, isolation.returncode(mech, proc.returncode), timed_out,
+                     time.monotonic() - start, tail, iso, limit)
+
+
+def _command(job: Job, scratch: Path, job_file: Path, wfd: int, marker: str, mech: Mechanism,
+             limits) -> tuple[list[str], dict[str, str]]:
+    """The worker's command line and environment under `mech`. Only the judge may write the cache
+    (measured ceilings, host speed); a candidate's compiler runs inside its sandbox, so its path is readable."""
+    env = isolation.worker_env(child_env(job.device, marker), mech, scratch)
+    env.update(rlimits(limits, job.device, mech))
+    writable = [cache_root()] if job.mode == "judge" else []
+    for w in writable:
+        w.mkdir(parents=True, exist_ok=True)
+    reads = [p for p in (job.compiler or []) + os.environ.get("OPTAGENT_NVCC", "").split() if os.path.isabs(p)]
+    argv = [sys.executable, "-m", "optagent.worker", str(job_file), str(wfd)]
+    return isolation.wrap(argv, env, mech, scratch, job.device, job.task_dir, writable, reads), env
 
 
 def _die_with_parent() -> None:

@@ -12,10 +12,11 @@ import re
 import time
 from typing import Callable, Optional, TypeVar, Union
 
+from optagent.evaluation.limits import over_memory
 from optagent.evaluation.sandbox import WorkerRun
 from optagent.messages import (Baseline, CaseFailed, CaseRan, CaseSpec, CaseStart, Compiled, Done, Hello, Integrity,
                                Job, Verdict, WorkerError)
-from optagent.schema import Device, CaseResult, EvalResult, Status, worst
+from optagent.schema import CaseResult, Device, EvalResult, Isolation, Status, worst
 
 # Triton compiles at the first call; under the CPU interpreter the same mistakes
 # surface as an InterpreterError wrapping the Python error.
@@ -51,26 +52,33 @@ def forged(run: WorkerRun) -> Optional[str]:
     return None
 
 
-def died(run: WorkerRun, error: Optional[WorkerError], timeout_s: float) -> tuple[Status, str]:
+def died(run: WorkerRun, error: Optional[WorkerError], timeout_s: float,
+         device: Device = Device.CPU) -> tuple[Status, str]:
     """The status of a case the candidate process started and never finished."""
+    if run.limit:  # the parent stopped it at a limit (memory, tasks, output)
+        return Status.RUNTIME_ERROR, run.limit
     if run.timed_out:
         return Status.TIMEOUT, f"did not finish within the {timeout_s:.0f} s limit"
     if run.returncode == 0 and not error:  # only candidate code ends the process "successfully" mid-case
         return Status.REJECTED, "the process exited with code 0 in the middle of a case (exit before the checks)"
     if error:
-        status = Status.COMPILE_ERROR if COMPILE_FAILURE.search(error.error) else Status.RUNTIME_ERROR
-        return status, error.error[:600]
+        if COMPILE_FAILURE.search(error.error):
+            return Status.COMPILE_ERROR, error.error[:600]
+        return Status.RUNTIME_ERROR, over_memory(error.error, run.isolation, device) or error.error[:600]
     lines = [ln for ln in run.stderr_tail.strip().splitlines() if ln.strip()][-3:]
     said = f": {' | '.join(lines)[:400]}" if lines else ""
     return Status.RUNTIME_ERROR, f"the candidate process {run.exit_text}{said}"
 
 
 def assemble(job: Job, run: WorkerRun, judge: JudgeRunner, *, source_sha256: str, timeout_s: float,
-             started: float) -> EvalResult:
-    """The EvalResult of a candidate run: its claims per case, checked by the judge (run only when a case ran)."""
+             started: float, isolation: Optional[Isolation] = None) -> EvalResult:
+    """The EvalResult of a candidate run: its claims per case, checked by the judge (run only when a case ran).
+
+    ``isolation``: what the candidate process ran under, recorded in the verdict (the run's own by default)."""
     hello = run.first(Hello)
     tail = "\n".join(run.stderr_tail.strip().splitlines()[-15:]) or None
     common = dict(language=job.language, device=job.device, source_sha256=source_sha256, log_tail=tail,
+                  isolation=isolation or run.isolation,
                   device_name=hello.device_name if hello else None,
                   baseline_label=hello.baseline_label if hello else None,
                   gpu=hello.gpu.model_dump() if hello and hello.gpu else None)
@@ -81,7 +89,9 @@ def assemble(job: Job, run: WorkerRun, judge: JudgeRunner, *, source_sha256: str
     compiled = run.first(Compiled)
     error = run.first(WorkerError)
     if compiled is None:
-        if error:
+        if run.limit:
+            reason = run.limit
+        elif error:
             reason = f"harness failed before the candidate was loaded: {error.error}"
         elif run.timed_out:
             reason = f"the baseline did not finish within {timeout_s:.0f} s"
@@ -102,6 +112,8 @@ def assemble(job: Job, run: WorkerRun, judge: JudgeRunner, *, source_sha256: str
         status, reason = Status.REJECTED, why_forged
     elif integrity:
         status, reason = Status.REJECTED, integrity.reason
+    elif run.limit:
+        status, reason = Status.RUNTIME_ERROR, run.limit
     elif run.first(Done) is None and status is Status.PASSED:
         status = Status.REJECTED
         reason = f"the candidate process {run.exit_text} before the harness finished its checks"
@@ -126,11 +138,13 @@ def _claimed(job: Job, run: WorkerRun, error: Optional[WorkerError],
         if stop or (msg is None and spec.label not in started):
             cases.append(CaseResult(status=Status.SKIPPED, reason="not run: an earlier case failed", **row))
         elif msg is None:
-            status, reason = died(run, error, timeout_s)
+            status, reason = died(run, error, timeout_s, job.device)
             cases.append(CaseResult(status=status, reason=reason, **row))
             stop = True
         elif isinstance(msg, CaseFailed):
-            cases.append(CaseResult(status=msg.status, reason=msg.reason, **row))
+            over = over_memory(msg.reason or "", run.isolation, job.device)  # e.g. at the module's import
+            cases.append(CaseResult(status=Status.RUNTIME_ERROR if over else msg.status, reason=over or msg.reason,
+                                    **row))
             stop = True
         else:
             t, g = msg.timing, msg.gpu
@@ -155,7 +169,7 @@ def _judged(job: Job, run: WorkerRun, ran: list[CaseSpec], cases: list[CaseResul
             continue
         v = verdicts.get(c.case)
         if v is None:
-            why = failure.error if failure else f"judge {verdict_run.exit_text}"
+            why = verdict_run.limit or (failure.error if failure else f"judge {verdict_run.exit_text}")
             out.append(c.model_copy(update={"status": Status.RUNTIME_ERROR, "reason": f"not judged: {why}"}))
             continue
         upd: dict = v.model_dump(include={"rel_err", "max_abs_err", "tolerance", "floor_us", "compute_floor_us"})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import NamedTuple, Optional
 
+from optagent import secret_env
 from optagent.cli.inputs import env_number
 
 
@@ -26,7 +27,7 @@ def llm_settings_from_env(base_url: Optional[str] = None, model: Optional[str] =
     model = model or os.environ.get("OPTAGENT_MODEL") or None
     if not base_url or not model:
         return None
-    api_key = os.environ.get("OPTAGENT_API_KEY") or os.environ.get("OPENAI_API_KEY") or None
+    api_key = secret_env.get("OPTAGENT_API_KEY") or secret_env.get("OPENAI_API_KEY") or None
     prompt, completion = env_number("OPTAGENT_PRICE_PROMPT"), env_number("OPTAGENT_PRICE_COMPLETION")
     prices = None
     if prompt is not None or completion is not None:

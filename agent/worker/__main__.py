@@ -16,9 +16,11 @@ import traceback
 from pathlib import Path
 
 from optagent.messages import Channel, Job, WorkerError
+from optagent.worker.limits import apply_rlimits
 
 
 def main() -> None:
+    apply_rlimits()
     job_file = Path(sys.argv[1])
     job = Job.model_validate_json(job_file.read_text())
     job_file.unlink()  # it holds the nonce and the seed: gone before any candidate code runs

@@ -98,9 +98,12 @@ def judge(job: Job, chan: Channel) -> None:
     bandwidth: Optional[float] = None
     tflops: Optional[float] = None
     if job.device is Device.CUDA and rt.hooks is not None:
+        from optagent.worker import host_speed
         from optagent.worker.bench import measured_bandwidth_gbs, measured_matmul_tflops
 
         bandwidth = measured_bandwidth_gbs() if rt.hooks.measures_bytes else None
+        # The host-speed record too: the judge alone may write the cache (evaluation/isolation.py).
+        host_speed.usual_probe_us(min(host_speed.probe_us() for _ in range(200)))
         tflops = measured_matmul_tflops() if rt.hooks.measures_flops else None
     for case in job.cases:
         chan.send(PhaseStarted(phase=Phase.JUDGING, case=case.label))

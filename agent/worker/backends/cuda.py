@@ -132,10 +132,14 @@ class CudaBackend:
             self._run(self._command(out, source_path, arch), scratch, source_path)
         if not out.exists():
             raise CompileError("the compiler exited without writing the library")
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-        shutil.copyfile(out, tmp)
-        os.replace(tmp, cached)
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+            shutil.copyfile(out, tmp)
+            os.replace(tmp, cached)
+        except OSError:  # read-only to a sandboxed candidate, that must not fill it for others: use its own
+            self.library = out
+            return
         self.library = cached
 
     def load_fresh(self, tag: str) -> Callable:

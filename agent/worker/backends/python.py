@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import shutil
 import sys
 import traceback
 from pathlib import Path
+from types import ModuleType
 from typing import Callable
 
 from optagent.evaluation.checks import python_syntax_error
@@ -19,6 +21,7 @@ class PythonBackend:
         self.language = language
         self.device = device
         self.source_path: Path | None = None
+        self.module: ModuleType | None = None  # the last case's
 
     def prepare(self, source_path: Path, scratch: Path) -> None:
         if self.language is Language.TILELANG:
@@ -34,6 +37,7 @@ class PythonBackend:
 
     def load_fresh(self, tag: str) -> Callable:
         assert self.source_path is not None
+        self.release()
         # A new file name per case: Triton keys its in-memory caches on the
         # function object, and tracebacks then name the case.
         path = self.scratch / f"candidate_{tag}.py"
@@ -43,6 +47,7 @@ class PythonBackend:
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
+        self.module = module
         try:
             spec.loader.exec_module(module)
         except Exception as e:
@@ -51,6 +56,15 @@ class PythonBackend:
         if not callable(fn):
             raise CompileError("the module defines no callable run_kernel")
         return fn
+
+    def release(self) -> None:
+        """Drops the last case's module: what it holds (a 4 GiB global) must not pile up case after case.
+        Its namespace is emptied too, since the old run_kernel and Triton's caches still reach it."""
+        module, self.module = self.module, None
+        if module is not None:
+            sys.modules.pop(module.__name__, None)
+            module.__dict__.clear()
+            gc.collect()
 
 
 def _short_traceback(e: BaseException, path: Path) -> str:

@@ -1,0 +1,203 @@
+"""Bounds on what one worker process may take: host memory, processes and threads, output.
+
+Enforced from outside, by the parent: every TICK it sums the resident anonymous and shared
+memory and the threads of the worker's process tree, and stops the worker over a limit;
+its stdout and stderr come through a pipe that a thread drains into a log file capped on
+disk, keeping only the tail in memory. On CPU the worker also sets RLIMIT_DATA on itself
+(worker/limits.py), so an allocation past the limit fails at once; on a GPU it does not
+(CUDA maps large private ranges), and the memory limit there is a generous one. In a user
+namespace it sets RLIMIT_NPROC too, which the kernel counts per namespace (except for root).
+A limit hit is a RUNTIME_ERROR whose reason names the limit.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from optagent.cli.inputs import env_number
+from optagent.schema import Isolation, Mechanism
+
+MEMORY_ENV = "OPTAGENT_MEMORY_LIMIT_GIB"
+OUTPUT_BYTES = 64 << 20
+TAIL_BYTES = 64 << 10  # what the parent keeps of the output in memory
+TASKS = 4096  # processes and threads of one worker
+TICK = 0.5  # seconds between looks at the worker's tree (a scan of /proc)
+RLIMITS_ENV = "OPTAGENT_RLIMITS"
+# How an allocation refused by RLIMIT_DATA surfaces in Python and in PyTorch.
+ALLOCATION_FAILED = re.compile(r"MemoryError|can't allocate memory|Cannot allocate memory|std::bad_alloc")
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory_bytes: Optional[int]
+    tasks: int = TASKS
+    output_bytes: int = OUTPUT_BYTES
+
+    @property
+    def memory_gib(self) -> Optional[float]:
+        return round(self.memory_bytes / 2**30, 2) if self.memory_bytes else None
+
+
+def _mem_total() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 16 << 30
+
+
+def limits_for(device: str) -> Limits:
+    """OPTAGENT_MEMORY_LIMIT_GIB (0: none), else 8 GiB on CPU (half the memory if less); on a GPU,
+    where host memory holds inputs and outputs of big cases too, half the memory, at least 16 GiB."""
+    gib = env_number(MEMORY_ENV)
+    if gib is None:
+        half = _mem_total() / 2 / 2**30
+        gib = min(8.0, half) if device == "cpu" else max(16.0, half)
+    return Limits(memory_bytes=int(gib * 2**30) if gib > 0 else None)
+
+
+def record(iso: Isolation, limits: Limits) -> Isolation:
+    return iso.model_copy(update={"memory_gib": limits.memory_gib, "tasks": limits.tasks,
+                                  "output_mib": limits.output_bytes >> 20})
+
+
+def rlimits(limits: Limits, device: str, mech: Mechanism) -> dict[str, str]:
+    """The environment entry that tells the worker which rlimits to set on itself."""
+    items = []
+    if device == "cpu" and limits.memory_bytes:
+        items.append(f"DATA={limits.memory_bytes}")
+    if mech is not Mechanism.NONE:  # outside a user namespace RLIMIT_NPROC counts all of the user's processes
+        items.append(f"NPROC={limits.tasks}")
+    return {RLIMITS_ENV: ",".join(items)} if items else {}
+
+
+def over_memory(text: str, iso: Isolation, device: str) -> Optional[str]:
+    """The reason for an allocation that RLIMIT_DATA refused the candidate (on CPU only), or None."""
+    if device == "cpu" and iso.memory_gib and ALLOCATION_FAILED.search(text):
+        return f"the candidate process exceeded the {iso.memory_gib:g} GiB memory limit ({text.strip()[:300]})"
+    return None
+
+
+class LogTap:
+    """Drains a worker's stdout+stderr into `path`, at most `cap` bytes on disk, the tail in memory."""
+
+    def __init__(self, fd: int, path: Path, cap: int):
+        self.fd, self.cap, self.total = fd, cap, 0
+        self.file = open(path, "wb")
+        self.tail = bytearray()
+        self.over = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._drain, name="optagent-log", daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        while not self._stop.is_set():
+            ready, _, _ = select.select([self.fd], [], [], 0.2)
+            if not ready:
+                continue
+            data = os.read(self.fd, 1 << 16)
+            if not data:
+                return
+            room = self.cap - self.total
+            if room > 0:
+                self.file.write(data[:room])
+            self.total += len(data)
+            if self.total > self.cap and not self.over.is_set():
+                self.file.write(f"\n[optagent: output over {self.cap >> 20} MiB was cut here]\n".encode())
+                self.over.set()
+            self.tail += data[-TAIL_BYTES:]
+            del self.tail[:-TAIL_BYTES]
+
+    def close(self, wait_s: float = 5.0) -> str:
+        """Stops draining once the writers are gone (or after wait_s); returns the tail."""
+        self._thread.join(wait_s)
+        self._stop.set()
+        self._thread.join(1.0)
+        if not self._thread.is_alive():
+            os.close(self.fd)
+            self.file.close()
+        return self.tail.decode(errors="replace")
+
+
+def _read(path: str) -> bytes:
+    # os.open/os.read, not pathlib: a scan of /proc reads hundreds of files every tick
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
+def tree_usage(root: int) -> tuple[int, int]:
+    """(resident anonymous + shared bytes, threads) of `root` and every process below it."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                ppid = int(_read(f"/proc/{name}/stat").rsplit(b")", 1)[1].split(None, 2)[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    memory, threads, todo = 0, 0, [root]
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, ()))
+        try:
+            for line in _read(f"/proc/{pid}/status").splitlines():
+                key, _, value = line.partition(b":")
+                if key in (b"RssAnon", b"RssShmem"):
+                    memory += int(value.split()[0]) * 1024
+                elif key == b"Threads":
+                    threads += int(value)
+        except (OSError, ValueError, IndexError):
+            continue
+    return memory, threads
+
+
+class Watch:
+    """Looks at a running worker; check() says which limit it broke, once it has."""
+
+    def __init__(self, pid: int, limits: Limits, tap: LogTap, who: str):
+        self.pid, self.limits, self.tap, self.who = pid, limits, tap, who
+        self.peak_bytes = 0
+        self._next = 0.0
+
+    def check(self) -> Optional[str]:
+        if self.tap.over.is_set():
+            return f"the {self.who} process wrote over {self.limits.output_bytes >> 20} MiB of output (cut there)"
+        now = time.monotonic()
+        if now < self._next:
+            return None
+        self._next = now + TICK
+        memory, threads = tree_usage(self.pid)
+        self.peak_bytes = max(self.peak_bytes, memory)
+        if self.limits.memory_bytes and memory > self.limits.memory_bytes:
+            return (f"the {self.who} process exceeded the {self.limits.memory_gib:g} GiB memory limit "
+                    f"({memory / 2**30:.1f} GiB resident)")
+        if threads > self.limits.tasks:
+            return f"the {self.who} process exceeded the limit of {self.limits.tasks} processes and threads"
+        return None
+
+    def wait(self, proc: subprocess.Popen, seconds: float) -> Optional[str]:
+        """proc.wait(seconds), watching; the limit broken meanwhile, if any (TimeoutExpired after seconds)."""
+        end = time.monotonic() + seconds
+        while True:
+            try:
+                proc.wait(timeout=max(0.0, min(TICK, end - time.monotonic())))
+                return None
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= end:
+                    raise
+            why = self.check()
+            if why:
+                return why
