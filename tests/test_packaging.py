@@ -79,7 +79,7 @@ bare = PlannerContext(task_name="t", title="T", statement="s", contract="c", lan
 system, user = (m["content"] for m in build_messages(bare))
 assert "```python" in system and "first attempt" in user
 assert "did not apply" in prompts.render("edit_failed", kind="edit", error="e", failures=1, whole_file_next=False)
-env = report._env()
+env = report.jinja_env()
 for page in report.TEMPLATES.glob("*.j2"):
     env.get_template(page.name)
 assert Path(report.TEMPLATES).is_relative_to(site) and STRATEGY_ROOT.is_relative_to(site)
