@@ -150,6 +150,11 @@ class EvalResult(Record):
         return self
 
     @property
+    def on_cpu(self) -> bool:
+        """Timed by the CPU (Triton's interpreter): its figures say the kernel works, not how fast it is."""
+        return self.device is Device.CPU or any(c.timing_kind in ("cpu-interpreter", "cpu") for c in self.cases)
+
+    @property
     def timed(self) -> list[CaseResult]:
         return [c for c in self.cases if c.kind is not CaseKind.HIDDEN and c.time_us]
 

@@ -36,9 +36,7 @@ class Entry:
     @property
     def cpu(self) -> bool:
         """Run on the CPU: its figures say the kernel works, not how fast it is."""
-        r = self.result
-        return self.config.device is Device.CPU or r.device is Device.CPU or \
-            any(c.timing_kind in ("cpu-interpreter", "cpu") for c in r.cases)
+        return self.config.device is Device.CPU or self.result.on_cpu
 
     @property
     def is_starter(self) -> bool:

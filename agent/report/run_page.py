@@ -55,12 +55,7 @@ def _duration(seconds: float) -> str:
 
 
 def is_cpu(results: Iterable[Optional[EvalResult]]) -> bool:
-    for r in results:
-        if r is None:
-            continue
-        if r.device is Device.CPU or any(c.timing_kind in ("cpu-interpreter", "cpu") for c in r.cases):
-            return True
-    return False
+    return any(r is not None and r.on_cpu for r in results)
 
 
 @dataclass
