@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Iterator, Optional, Protocol, Sequence, runtime_checkable
 
 from optagent.progress import ProgressSink
 from optagent.schema import EvalResult, Language, Proposal, Step, Usage
@@ -80,6 +80,36 @@ class Evaluator(Protocol):
 
     def evaluate(self, source: str, language: Language, progress: Optional[ProgressSink] = None) -> EvalResult:
         """progress, when given, hears each phase as it starts (agent/progress.py); it may be ignored."""
+        ...
+
+
+@dataclass(frozen=True)
+class PoolJob:
+    """One kernel to evaluate in a round; key is the loop's own (its step index)."""
+
+    key: int
+    source: str
+    language: Language
+
+
+@runtime_checkable
+class Pool(Protocol):
+    """Evaluates a round's kernels, several at once where it can.
+
+    The engine behind it (local processes today, a cluster later) is the builder's choice.
+    lanes is the number of timing lanes: one per GPU it times on, timing serialised per lane.
+    """
+
+    lanes: int
+
+    def evaluate(self, jobs: Sequence[PoolJob], progress: Optional[ProgressSink] = None
+                 ) -> Iterator[tuple[PoolJob, EvalResult]]:
+        """Yields each job's result as soon as it is known, in any order; every job exactly once."""
+        ...
+
+    def retime(self, jobs: Sequence[PoolJob], progress: Optional[ProgressSink] = None) -> list[EvalResult]:
+        """Evaluates the jobs back to back on one timing lane, in order: the comparisons that decide
+        acceptance are made on one GPU."""
         ...
 
 
