@@ -32,6 +32,8 @@ class CaseSpec(Record):
     kind: CaseKind
     index: Optional[int] = None  # contest cases: the 1-based index fed to getTestCaseSize
     params: Optional[dict] = None  # smoke/hidden cases: passed to hooks.make_case
+    # a smoke case derived from a contest case (no manifest): its leading dimension shrunk to this many elements
+    max_elements: Optional[int] = None
 
 
 class TimingSpec(Record):

@@ -29,6 +29,9 @@ from optagent.schema import CaseKind, Device, EvalResult, Isolation, Language, S
 from optagent.task import TaskError, TaskPackage
 
 TIMEOUT_S = 300.0  # seconds per worker process, unless --timeout says otherwise
+# A CPU smoke case derived from a package without [[smoke]]: its smallest contest case, rows cut to
+# this many elements (Triton's interpreter runs a program at a time).
+SMOKE_ELEMENTS = 32768
 class CaseListError(ValueError):
     """A --cases value that names no valid case; the message is one line."""
 
@@ -51,14 +54,19 @@ def parse_case_list(text: str, n: int) -> list[int]:
 
 
 def select_cases(task: TaskPackage, device: Device, num_cases: int, cases: Optional[str],
-                 hidden: bool = True) -> list[CaseSpec]:
+                 hidden: bool = True, smallest: Optional[int] = None) -> list[CaseSpec]:
+    """smallest: the contest case with the fewest elements, a CPU run's smoke case when the manifest has none."""
     m = task.manifest
     if cases:
         chosen = [CaseSpec(label=str(i), kind=CaseKind.CONTEST, index=i) for i in parse_case_list(cases, num_cases)]
     elif device == Device.CPU:
-        if not m or not m.smoke:
+        if (not m or not m.smoke) and smallest is not None:
+            chosen = [CaseSpec(label=f"smoke-{smallest}", kind=CaseKind.CONTEST, index=smallest,
+                               max_elements=SMOKE_ELEMENTS)]
+        elif not m or not m.smoke:
             raise TaskError(task.root, "no smoke cases for a CPU run: add [[smoke]] to optagent.toml or pass --cases")
-        chosen = [CaseSpec(label=f"smoke-{k}", kind=CaseKind.SMOKE, params=p) for k, p in enumerate(m.smoke, 1)]
+        else:
+            chosen = [CaseSpec(label=f"smoke-{k}", kind=CaseKind.SMOKE, params=p) for k, p in enumerate(m.smoke, 1)]
     else:
         chosen = [CaseSpec(label=str(i), kind=CaseKind.CONTEST, index=i) for i in range(1, num_cases + 1)]
     if hidden and m:
@@ -68,8 +76,10 @@ def select_cases(task: TaskPackage, device: Device, num_cases: int, cases: Optio
 
 def choose_cases(task: TaskPackage, device: Device, cases: Optional[str], hidden: bool = True) -> list[CaseSpec]:
     """select_cases, probing the package for its case count only when contest cases are wanted."""
-    n = len(probe_task(task, cached=True).cases) if (cases or device == Device.CUDA) else 0
-    return select_cases(task, device, n, cases, hidden)
+    derive = device == Device.CPU and not cases and not (task.manifest and task.manifest.smoke)
+    probed = probe_task(task, cached=True) if (cases or device == Device.CUDA or derive) else None
+    n = len(probed.cases) if probed else 0
+    return select_cases(task, device, n, cases, hidden, smallest=probed.probed_case if derive and probed else None)
 
 
 class SandboxEvaluator:
