@@ -10,13 +10,17 @@ and may end in a note after the values (``# knob: 1, 2, 4 (tokens per step)``).
 Undeclared ones are found: literal ``num_warps=``/``num_stages=`` launch
 arguments, power-of-two module constants and ``#define``s whose names say they
 are sizes (BLOCK, TILE, SPLIT, WARPS, THREADS, STAGES...), tried at half and
-double their value.
+double their value. ``find_all_knobs`` adds the launch literals that discover.py finds, with
+ranges from each value's role (the generic search uses them; strategies keep to find_knobs).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Optional
+
+from optagent.search.discover import discovered, role_values
 
 SIZE_NAME = re.compile(r"BLOCK|TILE|SPLIT|WARP|THREAD|STAGE|CHUNK|PAGES|GROUP|UNROLL|VEC", re.I)
 # Sizes the hardware fixes, not the kernel: changing them breaks a correct kernel.
@@ -38,6 +42,10 @@ class Knob:
     values: tuple[int, ...]
     start: int  # span of the value literal in the source
     end: int
+    # further literals that move with it, (start, end, offset): the grid's cdiv(n, 128) of a BLOCK=128
+    also: tuple[tuple[int, int, int], ...] = ()
+    group: Optional[str] = None  # the launch it configures: knobs of one launch are searched jointly
+    declared: bool = False
 
 
 def _pow2_neighbours(v: int) -> tuple[int, ...]:
@@ -51,7 +59,8 @@ def find_knobs(source: str) -> list[Knob]:
     for pattern in (PY_DECLARED, CU_DECLARED):
         for m in pattern.finditer(source):
             values = tuple(int(x) for x in m.group("values").replace(",", " ").split())
-            knobs[m.group("name")] = Knob(m.group("name"), int(m.group("value")), values, *m.span("value"))
+            knobs[m.group("name")] = Knob(m.group("name"), int(m.group("value")), values, *m.span("value"),
+                                          declared=True)
     for pattern in (PY_CONST, CU_DEFINE):
         for m in pattern.finditer(source):
             name = m.group("name")
@@ -71,14 +80,38 @@ def find_knobs(source: str) -> list[Knob]:
     return sorted(knobs.values(), key=lambda k: k.start)
 
 
+def find_all_knobs(source: str) -> list[Knob]:
+    """find_knobs, undeclared sizes over their role's range, and the launch literals no one declared."""
+    cuda = "__global__" in source
+    knobs = {k.name: k if k.declared or k.name.startswith("num_") else replace(k, values=role_values(k.name, k.value))
+             for k in find_knobs(source)}
+    by_start = {k.start: k for k in knobs.values()}
+    for f in discovered(source, cuda):
+        (start, end, _), *also = f.spans
+        if start in by_start:  # num_warps=, found above: only its launch is new
+            k = by_start[start]
+            knobs[k.name] = replace(k, group=f.group)
+            continue
+        name = f.name if f.name not in knobs else f"{f.name}#{sum(n.split('#')[0] == f.name for n in knobs) + 1}"
+        knobs[name] = Knob(name, f.value, f.values, start, end, tuple(also), f.group)
+        by_start[start] = knobs[name]
+    return sorted(knobs.values(), key=lambda k: k.start)
+
+
 def set_knobs(source: str, values: dict[str, int]) -> str:
-    """The source with the named knobs set; unknown names are an error."""
-    knobs = {k.name: k for k in find_knobs(source)}
+    """The source with the named knobs set (and the literals that move with them); unknown names are an error."""
+    knobs = {k.name: k for k in find_all_knobs(source)}
     unknown = set(values) - set(knobs)
     if unknown:
         raise KeyError(f"no knob(s) {', '.join(sorted(unknown))} in the source")
+    edits: dict[int, tuple[int, str]] = {}
+    for name, v in values.items():
+        k = knobs[name]
+        for start, end, offset in ((k.start, k.end, 0), *k.also):
+            edits[start] = (end, str(v + offset))
     out = source
-    for k in sorted((knobs[n] for n in values), key=lambda k: -k.start):
-        out = out[: k.start] + str(values[k.name]) + out[k.end:]
+    for start in sorted(edits, reverse=True):
+        end, text = edits[start]
+        out = out[:start] + text + out[end:]
     return out
 

@@ -9,7 +9,10 @@ already tried (both in the PlannerContext).
    signature), in the run's language, each at its default
    knobs, then at a few spread-out knob settings (successive halving keeps
    the better half of the strategies for that second round).
-2. Knob search around the best kernel: one knob at a time, every listed value
+2. Generic candidates for the best kernel (search/generic.py): transformations that fit any
+   kernel, joint moves of a launch's tile and warps, a pattern search over every knob, the
+   undeclared launch literals included; a package without strategies starts here.
+3. Knob search around the best kernel: one knob at a time, every listed value
    (coordinate descent), nearest values first.
 """
 
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
+from optagent.search.generic import generic_candidates
 from optagent.search.knobs import find_knobs, set_knobs
 from optagent.search.strategy_spec import StrategySpec, read_spec, run_kernel_params  # noqa: F401 (re-exported)
 from optagent.protocols import PlannerContext, PlannerExhausted
@@ -99,6 +103,7 @@ class OfflinePlanner:
             for setting in spread_settings(s.source):
                 desc = ", ".join(f"{k}={v}" for k, v in setting.items())
                 yield set_knobs(s.source, setting), f"strategy {s.name} with {desc}", {"strategy": s.name, "knobs": setting}
+        yield from generic_candidates(ctx.best_source, self.language)
         yield from self._neighbours(ctx.best_source)
 
     def _neighbours(self, best: str) -> Iterator[tuple[str, str, dict]]:
