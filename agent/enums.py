@@ -59,6 +59,11 @@ SEVERITY = [Status.REJECTED, Status.COMPILE_ERROR, Status.UNSUPPORTED, Status.TI
             Status.INCORRECT, Status.SKIPPED, Status.PASSED]
 
 
+class FloorKind(Word):
+    HOOK = "hook"  # the package's bytes_moved hook
+    ESTIMATE = "estimate"  # no hook: every tensor argument moved once (inputs read, outputs written)
+
+
 class CaseKind(str, enum.Enum):
     CONTEST = "contest"  # the package's own getNumOfTestcases() cases
     SMOKE = "smoke"  # small cases from the manifest, for CPU runs

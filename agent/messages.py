@@ -14,7 +14,7 @@ from typing import Annotated, Literal, Optional, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from optagent.schema import CaseKind, Device, Language, Record, Status, Timing
+from optagent.schema import CaseKind, Device, FloorKind, Language, Record, Status, Timing
 
 
 class Phase(str, enum.Enum):
@@ -182,6 +182,7 @@ class Verdict(Finding, Message):
     type: Literal["verdict"] = "verdict"
     case: str
     floor_us: Optional[float] = None  # bytes moved / measured bandwidth
+    floor_kind: Optional[FloorKind] = None
     compute_floor_us: Optional[float] = None
 
 

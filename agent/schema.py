@@ -15,7 +15,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 # The enums live in their own module; every record module imports them from here.
-from optagent.enums import SEVERITY, CaseKind, Device, Language, PlannerKind, Status, Word  # noqa: F401
+from optagent.enums import SEVERITY, CaseKind, Device, FloorKind, Language, PlannerKind, Status, Word  # noqa: F401
 
 FORMAT_VERSION = 1
 
@@ -66,6 +66,7 @@ class CaseResult(Record):
     time: Optional[Timing] = None
     baseline: Optional[Timing] = None
     floor_us: Optional[float] = None  # bytes moved / measured bandwidth
+    floor_kind: Optional[FloorKind] = None  # where the bytes came from: a hook, or an estimate
     compute_floor_us: Optional[float] = None  # useful flops / measured bf16 matmul rate
     load_ms: Optional[float] = None  # cost of loading a fresh copy of the candidate
     timing_kind: Optional[Literal["cuda", "cpu-interpreter", "cpu"]] = None
@@ -249,6 +250,7 @@ class RunConfig(Record):
     task_name: str
     task_digest: str
     language: Language
+    language_reason: Optional[str] = None  # why this language: --language, or the fastest starter
     device: Device
     planner: PlannerKind
     model: Optional[str] = None

@@ -7,37 +7,16 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from optagent.cli.build import build_planner, run_evaluator, run_limits
+from optagent.cli.build import build_evaluator, build_planner, run_evaluator, run_limits
+from optagent.cli.language import pick_language
 from optagent.cli.inputs import UserError, check_env
 from optagent.cli.options import add_eval_options, add_limit_options, add_planner_options, add_runs_dir, resolve_device
 from optagent.protocols import Evaluator, Planner
-from optagent.schema import Device, Language, PlannerKind, RunConfig, RunState, RunStatus, Step
+from optagent.schema import Device, PlannerKind, RunConfig, RunState, RunStatus, Step
 from optagent.search.loop import Loop
 from optagent.search.store import RunError, RunStore, new_run_id, runs_dir
 from optagent.task import TaskPackage, load_task
 from optagent.cli.views import STATUS_STYLE, console, fmt, human_console, isolation_line, print_json, ratio
-
-
-def _pick_language(task: TaskPackage, device: Device, wanted: Optional[str]) -> Language:
-    import importlib.util
-
-    if wanted:
-        lang = Language(wanted)
-        task.starter(lang)  # raises a one-line TaskError when there is none
-        return lang
-
-    def runs_here(lang: Language) -> bool:
-        if lang is Language.CUDA:
-            return device is Device.CUDA
-        if lang is Language.TILELANG:
-            return device is Device.CUDA and importlib.util.find_spec("tilelang") is not None
-        return True
-
-    for lang in task.languages:
-        if runs_here(lang):
-            return lang
-    raise UserError(f"{task.root}: no starter language runs on {device.value} (have: "
-                    f"{', '.join(x.value for x in task.languages)})")
 
 
 def _progress(con, t0: float, live=None):
@@ -108,8 +87,12 @@ def cmd_run(a) -> int:
 
     task = load_task(a.dir)
     device = resolve_device(a.device)
-    language = _pick_language(task, device, a.language)
     con = human_console(a)
+    language, why = pick_language(
+        task, device, a.language, lambda: build_evaluator(task, device, a.cases, hidden=not a.no_hidden,
+                                                          timeout_s=a.timeout, compiler=a.compiler),
+        lambda line: con.print(line, markup=False, soft_wrap=True))
+    con.print(f"language {language.value}: {why}", markup=False, soft_wrap=True)
     planner = PlannerKind(a.planner)
     if planner is PlannerKind.AUTO:
         planner = PlannerKind.LLM if llm_settings_from_env(a.base_url, a.model) else PlannerKind.OFFLINE
@@ -120,7 +103,8 @@ def cmd_run(a) -> int:
         raise UserError("--planner replay needs --replay FILE")
     settings = llm_settings_from_env(a.base_url, a.model) if planner is PlannerKind.LLM else None
     config = RunConfig(run_id=new_run_id(task.name), task_dir=str(task.root), task_name=task.name,
-                       task_digest=task.digest(), language=language, device=device, planner=planner,
+                       task_digest=task.digest(), language=language, language_reason=why, device=device,
+                       planner=planner,
                        model=settings.model if settings else None, base_url=settings.base_url if settings else None,
                        replay_file=str(Path(a.replay).resolve()) if a.replay else None, compiler=a.compiler,
                        cases=a.cases, hidden=not a.no_hidden, timeout_s=a.timeout, min_gain=a.min_gain, patience=a.patience,

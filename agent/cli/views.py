@@ -11,7 +11,7 @@ from typing import Optional
 from rich.console import Console
 from rich.table import Table
 
-from optagent.schema import Device, EvalResult, Isolation, Mechanism, Status, Timing
+from optagent.schema import CaseResult, Device, EvalResult, FloorKind, Isolation, Mechanism, Status, Timing
 
 STATUS_STYLE = {Status.PASSED: "green", Status.INCORRECT: "red", Status.COMPILE_ERROR: "red",
                 Status.RUNTIME_ERROR: "red", Status.TIMEOUT: "yellow", Status.REJECTED: "bold red",
@@ -72,6 +72,13 @@ def _slow(t: Optional[Timing]) -> str:
     return "*" if t is not None and t.host_slow else ""
 
 
+def floor_pct(c: CaseResult) -> str:
+    """'43% mem', or '~43% est.' when the bytes are estimated (no bytes_moved hook)."""
+    if c.floor_kind is FloorKind.ESTIMATE and c.pct_of_floor:
+        return f"~{c.pct_of_floor:.0f}% est."
+    return fmt(c.pct_of_floor, ".0f", f"% {c.bound[:3]}" if c.bound else "%")
+
+
 def eval_table(result: EvalResult, title: Optional[str] = None) -> Table:
     unit = "us" if result.device is Device.CUDA else "us (CPU interp.)"
     t = Table(title=title, title_justify="left")
@@ -82,7 +89,7 @@ def eval_table(result: EvalResult, title: Optional[str] = None) -> Table:
         t.add_row(c.case, c.sizes or "", f"[{STATUS_STYLE[c.status]}]{c.status.value}[/]", fmt(c.rel_err, ".1e"),
                   fmt(c.time_us) + _slow(c.time), fmt(c.gpu_us), fmt(c.baseline_us) + _slow(c.baseline),
                   fmt(c.speedup, ".2f", "x"),
-                  fmt(c.pct_of_floor, ".0f", f"% {c.bound[:3]}" if c.bound else "%"), fmt(c.load_ms, ".0f"))
+                  floor_pct(c), fmt(c.load_ms, ".0f"))
     return t
 
 

@@ -16,7 +16,7 @@ from optagent.evaluation.limits import over_memory
 from optagent.evaluation.sandbox import WorkerRun
 from optagent.messages import (Baseline, CaseFailed, CaseRan, CaseSpec, CaseStart, Compiled, Done, Hello, Integrity,
                                Job, Verdict, WorkerError)
-from optagent.schema import CaseResult, Device, EvalResult, Isolation, Status, worst
+from optagent.schema import CaseResult, Device, EvalResult, FloorKind, Isolation, Status, worst
 
 # Triton compiles at the first call; under the CPU interpreter the same mistakes
 # surface as an InterpreterError wrapping the Python error.
@@ -172,12 +172,14 @@ def _judged(job: Job, run: WorkerRun, ran: list[CaseSpec], cases: list[CaseResul
             why = verdict_run.limit or (failure.error if failure else f"judge {verdict_run.exit_text}")
             out.append(c.model_copy(update={"status": Status.RUNTIME_ERROR, "reason": f"not judged: {why}"}))
             continue
-        upd: dict = v.model_dump(include={"rel_err", "max_abs_err", "tolerance", "floor_us", "compute_floor_us"})
+        upd: dict = v.model_dump(include={"rel_err", "max_abs_err", "tolerance", "floor_us", "floor_kind",
+                                              "compute_floor_us"})
         if v.status is not Status.PASSED:
             upd.update(status=v.status, reason=v.reason)
         else:
             fastest = min(x for x in (c.time_us, c.gpu_us) if x) if (c.time_us or c.gpu_us) else None
-            floor = v.floor_us
+            # an estimated floor counts whole tensors, which a correct kernel need not all read: no proof
+            floor = v.floor_us if v.floor_kind is not FloorKind.ESTIMATE else None
             if floor and fastest and fastest < FLOOR_MARGIN * floor:
                 upd.update(status=Status.REJECTED, reason=f"{fastest:.1f} us is below the physical floor of "
                            f"{floor:.1f} us (bytes / measured bandwidth): work skipped or moved off the timed path")

@@ -21,7 +21,7 @@ from optagent.worker.harness import TaskRuntime, clone_args, float_scales, refre
 from optagent.worker.interpreter_faults import blame_interpreter
 from optagent.messages import (CaseSpec, Channel, Done, Finding, Job, Phase, PhaseStarted, Probed, ProbedCase,
                                ProbedExtra, Sample, Verdict)
-from optagent.schema import CaseKind, Device, Status
+from optagent.schema import CaseKind, Device, FloorKind, Status
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -93,10 +93,24 @@ def _verdict(rt: TaskRuntime, case: CaseSpec, sample: Sample) -> Finding:
     return Finding(**found, status=Status.PASSED)
 
 
+def estimated_bytes(args: list) -> int:
+    """A package without a bytes_moved hook: every tensor argument moved once (inputs read once,
+    outputs written once), each tensor counted once however often it is passed."""
+    seen: dict[int, int] = {}
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            seen[a.data_ptr() if a.numel() else id(a)] = a.numel() * a.element_size()
+    return sum(seen.values())
+
+
 def judge(job: Job, chan: Channel) -> None:
     rt = TaskRuntime(job.task_dir, job.device)
     bandwidth: Optional[float] = None
     tflops: Optional[float] = None
+    if job.device is Device.CUDA and rt.hooks is None:
+        from optagent.worker.bench import measured_bandwidth_gbs
+
+        bandwidth = measured_bandwidth_gbs()  # for the estimated floor
     if job.device is Device.CUDA and rt.hooks is not None:
         from optagent.worker import host_speed
         from optagent.worker.bench import measured_bandwidth_gbs, measured_matmul_tflops
@@ -124,9 +138,12 @@ def judge(job: Job, chan: Channel) -> None:
             args, _ = _rebuild(rt, case, samples[0])
             moved, work = rt.hooks.bytes_moved(args), rt.hooks.flops(args)
             if bandwidth and moved is not None:
-                floors["floor_us"] = moved / (bandwidth * 1e3)
+                floors.update(floor_us=moved / (bandwidth * 1e3), floor_kind=FloorKind.HOOK)
             if tflops and work is not None:
                 floors["compute_floor_us"] = work / (tflops * 1e6)
+        elif bandwidth and samples:
+            floors.update(floor_us=estimated_bytes(_rebuild(rt, case, samples[0])[0]) / (bandwidth * 1e3),
+                          floor_kind=FloorKind.ESTIMATE)
         result = worst or Finding(status=Status.PASSED)
         if job.device is Device.CPU and result.status is Status.INCORRECT:
             result = blame_interpreter(result, job.source_fp8, _rebuild(rt, case, samples[0])[0])

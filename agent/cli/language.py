@@ -1,0 +1,58 @@
+"""Which starter a run searches from: the language asked for, else the fastest starter that runs here.
+
+On a GPU, with no --language, every starter whose language runs on the machine is evaluated once
+and the run searches from the fastest passing one (a naive starter in one language may be several
+times slower than in another, and the search rarely closes such a gap). On the CPU every time is
+the interpreter's, which says nothing of a GPU, so the first language that runs is kept. Either way
+the choice and its reason are printed and recorded in the run's config.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Callable, Optional
+
+from optagent.cli.inputs import UserError
+from optagent.protocols import Evaluator
+from optagent.schema import Device, Language
+from optagent.task import TaskPackage
+
+
+def runs_here(lang: Language, device: Device) -> bool:
+    if lang is Language.CUDA:
+        return device is Device.CUDA
+    if lang is Language.TILELANG:
+        return device is Device.CUDA and importlib.util.find_spec("tilelang") is not None
+    return True
+
+
+def pick_language(task: TaskPackage, device: Device, wanted: Optional[str],
+                  evaluator: Callable[[], Evaluator], say: Callable[[str], None]) -> tuple[Language, str]:
+    """(language, why); evaluator builds the run's evaluator, asked for only when starters are compared."""
+    if wanted:
+        lang = Language(wanted)
+        task.starter(lang)  # raises a one-line TaskError when there is none
+        return lang, "--language"
+    usable = [lang for lang in task.languages if runs_here(lang, device)]
+    if not usable:
+        raise UserError(f"{task.root}: no starter language runs on {device.value} (have: "
+                        f"{', '.join(x.value for x in task.languages)})")
+    others = [x.value for x in task.languages if x not in usable]
+    if device is not Device.CUDA or len(usable) == 1:
+        why = (f"the only starter that runs on {device.value}" if len(usable) == 1 else
+               f"the first starter language; on {device.value} times are the interpreter's, so starters are not compared")
+        return usable[0], why + (f" ({', '.join(others)} needs a GPU)" if others and device is Device.CPU else "")
+    ev = evaluator()
+    times: dict[Language, float] = {}
+    for lang in usable:
+        say(f"evaluating the {lang.value} starter to choose the language ...")
+        r = ev.evaluate(task.starter(lang).source, lang)
+        if r.status.ok and r.geomean_time_us:
+            times[lang] = r.geomean_time_us
+        say(f"  {lang.value} starter: {r.status.value}" + (f", geomean {r.geomean_time_us:.1f} us" if lang in times else
+                                                          f" ({(r.reason or '').splitlines()[0][:100]})"))
+    if not times:
+        return usable[0], "no starter passed; the first language that runs"
+    best = min(times, key=times.__getitem__)
+    rest = ", ".join(f"{x.value} {t:.1f} us" for x, t in times.items() if x is not best)
+    return best, f"the fastest starter: {times[best]:.1f} us geomean" + (f" (vs {rest})" if rest else "")
