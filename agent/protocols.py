@@ -24,6 +24,7 @@ class Attempt:
     error: Optional[str]
     result: Optional[EvalResult]
     source: Optional[str] = None
+    retime_note: Optional[str] = None  # how the comparison that decided its outcome went
 
 
 @dataclass
@@ -176,4 +177,4 @@ def redact(step: Step, source: Optional[str] = None) -> Attempt:
         if failed_hidden and reason and any(c.reason and c.reason in reason for c in failed_hidden):
             reason = f"a hidden integrity case failed: {failed_hidden[0].status.value}"
         result = result.model_copy(update={"cases": shown, "reason": reason})
-    return Attempt(step.index, step.idea, step.outcome.value, step.error, result, source)
+    return Attempt(step.index, step.idea, step.outcome.value, step.error, result, source, step.retime_note)

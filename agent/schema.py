@@ -186,12 +186,14 @@ class Usage(Record):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float = 0.0
+    requests: int = 0  # LLM requests these tokens were spent on (a step's repairs are requests too)
 
     def __add__(self, other: "Usage") -> "Usage":
         return Usage(
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
             cost_usd=self.cost_usd + other.cost_usd,
+            requests=self.requests + other.requests,
         )
 
 

@@ -120,5 +120,6 @@ class OpenAICompatLLM:
                 prompt_tokens=prompt_tokens,
                 completion_tokens=completion_tokens,
                 cost_usd=cost_usd(self.prices, prompt_tokens, completion_tokens),
+                requests=1,
             ),
         )
