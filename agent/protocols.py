@@ -54,8 +54,9 @@ class PlannerContext:
 
 @dataclass
 class LLMReply:
-    text: str
+    text: str  # the answer, without the reasoning of a reasoning model
     usage: Usage
+    reasoning: str = ""
 
 
 @runtime_checkable

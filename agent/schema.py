@@ -256,6 +256,9 @@ class RunConfig(Record):
     model: Optional[str] = None
     base_url: Optional[str] = None
     replay_file: Optional[str] = None
+    request_timeout_s: float = 600.0  # per LLM request
+    max_tokens: Optional[int] = None  # of a reply (the server's default when None)
+    temperature: Optional[float] = None
     compiler: Optional[str] = None
     cases: Optional[str] = None
     hidden: bool = True

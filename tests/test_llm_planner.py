@@ -200,7 +200,7 @@ def test_malformed_reply_raises_llm_error(server: FakeOpenAI, ctx: PlannerContex
 
 
 def test_failed_edits_feed_back_then_ask_for_whole_file(server: FakeOpenAI, ctx: PlannerContext) -> None:
-    planner = LLMPlanner(make_llm(server), max_edit_failures=2)
+    planner = LLMPlanner(make_llm(server), max_edit_failures=2, max_repairs=0)  # across steps, not within one
     for reply in (BAD_EDIT, BAD_EDIT, WHOLE, GOOD):
         server.reply(reply)
     first = planner.propose(ctx)

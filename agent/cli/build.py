@@ -67,7 +67,9 @@ def build_planner(config: RunConfig, task: TaskPackage) -> Planner:
         settings = llm_settings_from_env(config.base_url, config.model)
         if settings is None:
             raise UserError("the LLM planner needs --base-url and --model (or OPTAGENT_BASE_URL/OPTAGENT_MODEL)")
-        llm = OpenAICompatLLM(settings.base_url, settings.model, settings.api_key, prices=settings.prices)
+        llm = OpenAICompatLLM(settings.base_url, settings.model, settings.api_key, prices=settings.prices,
+                              timeout_s=config.request_timeout_s, max_tokens=config.max_tokens,
+                              temperature=config.temperature)
         try:
             llm.check()
         except LLMUnreachable as e:

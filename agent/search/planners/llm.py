@@ -173,20 +173,41 @@ def proposal_from_reply(
 class LLMPlanner:
     name = PlannerKind.LLM
 
-    def __init__(self, llm: LLM, max_edit_failures: int = 2, rules: Optional[Rules] = None) -> None:
+    def __init__(self, llm: LLM, max_edit_failures: int = 2, rules: Optional[Rules] = None,
+                 max_repairs: int = 2) -> None:
         self.llm = llm
         self.rules = rules
         self.model: Optional[str] = llm.model
         self.max_edit_failures = max_edit_failures
-        self._edit_failures = 0  # consecutive replies whose SEARCH/REPLACE edits did not apply
+        self.max_repairs = max_repairs  # requests within a step that repair edits which did not apply
+        self._edit_failures = 0  # consecutive steps whose SEARCH/REPLACE edits did not apply
         self._feedback = ""  # rendered edit_failed.j2 for the next prompt
 
     def propose(self, ctx: PlannerContext) -> Proposal:
         whole_file = self._edit_failures >= self.max_edit_failures
         messages = build_messages(ctx, self._feedback, whole_file, self._edit_failures, self.rules)
         reply = self.llm.complete(messages)  # errors left after retry.py's policy go to the loop
-        proposal, failure = proposal_from_reply(reply.text, ctx, reply.usage, messages)
-        proposal.meta["whole_file_requested"] = whole_file
+        usage, reasoning = reply.usage, len(reply.reasoning)
+        proposal, failure = proposal_from_reply(reply.text, ctx, usage, messages)
+        idea = extract_idea(reply.text) or None
+        repairs = 0
+        # An edit that misses is repaired inside the step: the model sees the nearest lines at once,
+        # and the step is spent on a kernel, not on a copying mistake.
+        while isinstance(failure, EditError) and repairs < self.max_repairs:
+            repairs += 1
+            messages = messages + [
+                {"role": "assistant", "content": reply.text},
+                {"role": "user", "content": render("edit_repair", error=str(failure), attempt=repairs,
+                                                   attempts=self.max_repairs, fence=ctx.language.fence)}]
+            try:
+                reply = self.llm.complete(messages)
+            except Exception as exc:  # the step keeps the reply it has; the next step starts afresh
+                proposal.meta["repair_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                break
+            usage, reasoning = usage + reply.usage, reasoning + len(reply.reasoning)
+            proposal, failure = proposal_from_reply(reply.text, ctx, usage, messages,
+                                                    idea=extract_idea(reply.text) or idea)
+        proposal.meta.update(whole_file_requested=whole_file, repairs=repairs, reasoning_chars=reasoning)
         self._remember(failure)
         return proposal
 
