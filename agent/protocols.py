@@ -33,6 +33,8 @@ class GpuFacts:
     sm_count: Optional[int] = None
     l2_mb: Optional[float] = None
     bandwidth_gbs: Optional[float] = None
+    smem_per_sm_kb: Optional[float] = None
+    bf16_tflops: Optional[float] = None  # measured matrix-product rate
 
 
 @dataclass

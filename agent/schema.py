@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validat
 
 # The enums live in their own module; every record module imports them from here.
 from optagent.enums import SEVERITY, CaseKind, Device, Language, PlannerKind, Status, Word  # noqa: F401
+from optagent.kernel_facts import KernelFacts  # noqa: F401 (a part of CaseResult, apart for its length)
 
 FORMAT_VERSION = 1
 
@@ -69,6 +70,7 @@ class CaseResult(Record):
     compute_floor_us: Optional[float] = None  # useful flops / measured bf16 matmul rate
     load_ms: Optional[float] = None  # cost of loading a fresh copy of the candidate
     timing_kind: Optional[Literal["cuda", "cpu-interpreter", "cpu"]] = None
+    kernels: list[KernelFacts] = Field(default_factory=list)  # what the compiler reported, where it did
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -178,3 +178,14 @@ def test_show_lists_tokens_per_request(tmp_path: Path, capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     assert "tokens in/out" in out and "9120/2870" in out  # step 1: one request
     assert "(x2 requests)" in out
+
+
+def test_gpu_facts_in_the_prompt() -> None:
+    from optagent.protocols import GpuFacts
+
+    ctx = _ctx([])
+    ctx.gpu = GpuFacts("NVIDIA H200", sm_count=132, l2_mb=60.0, bandwidth_gbs=4100.0, smem_per_sm_kb=228.0,
+                       bf16_tflops=720.0)
+    prompt = _user(ctx)
+    assert "NVIDIA H200, 132 SMs, 60 MB L2, measured memory bandwidth 4100 GB/s, 228 KiB shared memory per SM, " \
+           "measured bf16 matrix-product rate 720 TFLOP/s" in prompt

@@ -169,7 +169,7 @@ def _claimed(job: Job, run: WorkerRun, error: Optional[WorkerError],
         else:
             t, g = msg.timing, msg.gpu
             cases.append(CaseResult(status=Status.PASSED, time=t, time_us=t.median_us if t else None,
-                                    gpu_us=g.median_us if g else None,
+                                    gpu_us=g.median_us if g else None, kernels=msg.kernels,
                                     baseline_us=base.timing.median_us if base else None, load_ms=msg.load_ms, **row))
             ran.append(spec)
     return cases, ran

@@ -166,3 +166,19 @@ def ledger_summary(older: list[Attempt]) -> Optional[dict[str, Any]]:
     return {"count": len(older), "first": older[0].index, "last": older[-1].index,
             "counts": ", ".join(f"{n} {what}" for what, n in sorted(counts.items(), key=lambda kv: -kv[1])),
             "accepted": accepted[-10:]}
+
+
+def kernel_lines(result: EvalResult) -> list[str]:
+    """One line per compiled kernel of a result (the first case that reports it)."""
+    seen: dict[str, str] = {}
+    for c in result.cases:
+        for k in c.kernels:
+            if k.name in seen:
+                continue
+            parts = [f"{k.registers} registers" if k.registers is not None else None,
+                     f"{k.spill_bytes} B spilled" if k.spill_bytes is not None else None,
+                     f"{k.shared_bytes / 1024:.1f} KiB shared" if k.shared_bytes is not None else None,
+                     f"{k.warps} warps" if k.warps else None, f"{k.stages} stages" if k.stages else None,
+                     f"occupancy {k.occupancy:.0%}" if k.occupancy is not None else None]
+            seen[k.name] = f"{k.name} ({k.source}): " + ", ".join(p for p in parts if p)
+    return list(seen.values())

@@ -76,6 +76,7 @@ def _result_view(result: Optional[EvalResult], source: Optional[str] = None) -> 
         "baseline_label": result.baseline_label or "the package's baseline",
         "rows": _case_rows(result),
         "groups": fb.failing_groups(result),
+        "kernels": fb.kernel_lines(result),
         "error_at": fb.error_at(result, source),
     }
 
