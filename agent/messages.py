@@ -14,7 +14,7 @@ from typing import Annotated, Literal, Optional, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from optagent.schema import CaseKind, Device, FloorKind, Language, Record, Status, Timing
+from optagent.schema import CaseKind, Device, FloorKind, KernelFacts, Language, Record, Status, Timing
 
 
 class Phase(str, enum.Enum):
@@ -87,6 +87,8 @@ class DeviceFacts(Part):
     sm_count: Optional[int] = None
     l2_mb: Optional[float] = None
     bandwidth_gbs: Optional[float] = None
+    smem_per_sm_kb: Optional[float] = None
+    bf16_tflops: Optional[float] = None  # measured matrix-product rate
 
 
 class Hello(Message):
@@ -140,6 +142,7 @@ class CaseRan(Message):
     timing: Optional[Timing] = None  # eager
     gpu: Optional[Timing] = None  # CUDA-graph replay (or events)
     gpu_note: Optional[str] = None
+    kernels: list[KernelFacts] = Field(default_factory=list)
 
 
 class CaseFailed(Message):

@@ -24,6 +24,7 @@ class Attempt:
     error: Optional[str]
     result: Optional[EvalResult]
     source: Optional[str] = None
+    retime_note: Optional[str] = None  # how the comparison that decided its outcome went
 
 
 @dataclass
@@ -32,6 +33,8 @@ class GpuFacts:
     sm_count: Optional[int] = None
     l2_mb: Optional[float] = None
     bandwidth_gbs: Optional[float] = None
+    smem_per_sm_kb: Optional[float] = None
+    bf16_tflops: Optional[float] = None  # measured matrix-product rate
 
 
 @dataclass
@@ -53,8 +56,9 @@ class PlannerContext:
 
 @dataclass
 class LLMReply:
-    text: str
+    text: str  # the answer, without the reasoning of a reasoning model
     usage: Usage
+    reasoning: str = ""
 
 
 @runtime_checkable
@@ -176,4 +180,4 @@ def redact(step: Step, source: Optional[str] = None) -> Attempt:
         if failed_hidden and reason and any(c.reason and c.reason in reason for c in failed_hidden):
             reason = f"a hidden integrity case failed: {failed_hidden[0].status.value}"
         result = result.model_copy(update={"cases": shown, "reason": reason})
-    return Attempt(step.index, step.idea, step.outcome.value, step.error, result, source)
+    return Attempt(step.index, step.idea, step.outcome.value, step.error, result, source, step.retime_note)

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validat
 
 # The enums live in their own module; every record module imports them from here.
 from optagent.enums import SEVERITY, CaseKind, Device, FloorKind, Language, PlannerKind, Status, Word  # noqa: F401
+from optagent.kernel_facts import KernelFacts  # noqa: F401 (a part of CaseResult, apart for its length)
 
 FORMAT_VERSION = 1
 
@@ -70,6 +71,7 @@ class CaseResult(Record):
     compute_floor_us: Optional[float] = None  # useful flops / measured bf16 matmul rate
     load_ms: Optional[float] = None  # cost of loading a fresh copy of the candidate
     timing_kind: Optional[Literal["cuda", "cpu-interpreter", "cpu"]] = None
+    kernels: list[KernelFacts] = Field(default_factory=list)  # what the compiler reported, where it did
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -187,12 +189,14 @@ class Usage(Record):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float = 0.0
+    requests: int = 0  # LLM requests these tokens were spent on (a step's repairs are requests too)
 
     def __add__(self, other: "Usage") -> "Usage":
         return Usage(
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
             cost_usd=self.cost_usd + other.cost_usd,
+            requests=self.requests + other.requests,
         )
 
 
@@ -256,6 +260,9 @@ class RunConfig(Record):
     model: Optional[str] = None
     base_url: Optional[str] = None
     replay_file: Optional[str] = None
+    request_timeout_s: float = 600.0  # per LLM request
+    max_tokens: Optional[int] = None  # of a reply (the server's default when None)
+    temperature: Optional[float] = None
     compiler: Optional[str] = None
     cases: Optional[str] = None
     hidden: bool = True

@@ -140,7 +140,7 @@ def test_good_reply_applies_and_records_usage(server: FakeOpenAI, ctx: PlannerCo
     assert "132 SMs" in prompt and "60 MB L2" in prompt and "4100 GB/s" in prompt
     assert "| 3 | num_warps 4 -> 2 | NOT_BETTER |" in prompt  # ledger
     assert "lines cut" in prompt and "compile line 99" in prompt  # compile error trimmed, tail kept
-    assert "rel_err 0.3 vs tolerance 0.002" in prompt  # failing case
+    assert "case 2: rel_err 3.00e-01 vs tolerance 2.00e-03" in prompt  # failing case
     assert "Compute single-token decode attention" in prompt and "def run_kernel(q, k, o, n)" in prompt
 
 
@@ -200,7 +200,7 @@ def test_malformed_reply_raises_llm_error(server: FakeOpenAI, ctx: PlannerContex
 
 
 def test_failed_edits_feed_back_then_ask_for_whole_file(server: FakeOpenAI, ctx: PlannerContext) -> None:
-    planner = LLMPlanner(make_llm(server), max_edit_failures=2)
+    planner = LLMPlanner(make_llm(server), max_edit_failures=2, max_repairs=0)  # across steps, not within one
     for reply in (BAD_EDIT, BAD_EDIT, WHOLE, GOOD):
         server.reply(reply)
     first = planner.propose(ctx)

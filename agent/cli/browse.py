@@ -58,18 +58,29 @@ def cmd_show(a) -> int:
               + (f" ({st.reason})" if st and st.reason else ""),
               markup=False, soft_wrap=True)
     t = Table(title_justify="left")
-    for col in ("step", "outcome", "status", "geomean", "geomean us", "idea"):
+    tokens = any(s.usage.prompt_tokens or s.usage.completion_tokens for s in steps)
+    for col in ("step", "outcome", "status", "geomean", "geomean us") + (("tokens in/out",) if tokens else ()) + ("idea",):
         t.add_column(col)
     for s in steps:
         t.add_row(str(s.index), s.outcome.value, s.result.status.value if s.result else "-",
                   fmt(s.result.geomean_speedup if s.result else None, ".2f", "x"),
-                  fmt(s.result.geomean_time_us if s.result else None, ".1f"), s.idea[:80])
+                  fmt(s.result.geomean_time_us if s.result else None, ".1f"),
+                  *((token_text(s.usage),) if tokens else ()), s.idea[:80])
     con.print(t)
     if best:
         print_eval(con, best[1])
     for e in store.damage():  # files this view does not read, but resume or report would
         console(stderr=True).print(f"optagent: warning: {e}", markup=False, soft_wrap=True)
     return 0
+
+
+def token_text(usage) -> str:
+    """A step's tokens per request: prompt/completion, and how many requests when more than one."""
+    if not (usage.prompt_tokens or usage.completion_tokens):
+        return "-"
+    n = max(1, usage.requests)
+    text = f"{usage.prompt_tokens // n}/{usage.completion_tokens // n}"
+    return text + (f" (x{n} requests)" if n > 1 else "")
 
 
 def cmd_leaderboard(a) -> int:

@@ -38,6 +38,17 @@ def run_limits(config: RunConfig) -> Limits:
                   time_limit_s=config.time_limit_s, budget_usd=config.budget_usd)
 
 
+def prompt_rules(config: RunConfig, task: TaskPackage):
+    """The judge's tolerance and the loop's accept rule, as the LLM's prompt states them."""
+    from optagent.llm.feedback import Rules
+    from optagent.search.loop import CLEAR_GAIN
+
+    m = task.manifest if task.manifest and task.manifest.hooks else None
+    return Rules(tolerance_factor=m.tolerance_factor if m else None, min_tolerance=m.min_tolerance if m else None,
+                 min_gain=config.min_gain, clear_gain=CLEAR_GAIN,
+                 device=config.device.value)
+
+
 def build_planner(config: RunConfig, task: TaskPackage) -> Planner:
     """The run's planner; an LLM endpoint is asked once here, so that one that cannot answer
     fails the command in milliseconds instead of costing every step its retries."""
@@ -56,12 +67,14 @@ def build_planner(config: RunConfig, task: TaskPackage) -> Planner:
         settings = llm_settings_from_env(config.base_url, config.model)
         if settings is None:
             raise UserError("the LLM planner needs --base-url and --model (or OPTAGENT_BASE_URL/OPTAGENT_MODEL)")
-        llm = OpenAICompatLLM(settings.base_url, settings.model, settings.api_key, prices=settings.prices)
+        llm = OpenAICompatLLM(settings.base_url, settings.model, settings.api_key, prices=settings.prices,
+                              timeout_s=config.request_timeout_s, max_tokens=config.max_tokens,
+                              temperature=config.temperature)
         try:
             llm.check()
         except LLMUnreachable as e:
             raise UserError(str(e)) from None
-        return LLMPlanner(llm)
+        return LLMPlanner(llm, rules=prompt_rules(config, task))
     if config.planner is not PlannerKind.OFFLINE:  # AUTO is resolved before a run is recorded
         raise UserError(f"run {config.run_id}: no planner {config.planner.value!r}")
     from optagent.search.planners.offline import OfflinePlanner, run_kernel_params

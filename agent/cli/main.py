@@ -145,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_run_commands(sub)
     add_browse_commands(sub)
+    from optagent.cli.retime import add_retime_command
+
+    add_retime_command(sub)
     from optagent.report.run_page import add_report_commands
 
     add_report_commands(sub)

@@ -6,10 +6,13 @@ from __future__ import annotations
 import argparse
 from typing import Optional
 
-from optagent.cli.inputs import NON_NEGATIVE, PATIENCE, SECONDS, STEPS
+from optagent.cli.inputs import NON_NEGATIVE, PATIENCE, SECONDS, STEPS, number
 from optagent.evaluation.evaluator import TIMEOUT_S
-from optagent.schema import Device, Language, PlannerKind
+from optagent.schema import Device, Language, PlannerKind, RunConfig
 from optagent.search.loop import Limits
+
+
+REQUEST_TIMEOUT_S = RunConfig.model_fields["request_timeout_s"].default
 
 
 def resolve_device(arg: Optional[str]) -> Device:
@@ -38,6 +41,11 @@ def add_planner_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replay", metavar="FILE", help="recorded replies for --planner replay")
     p.add_argument("--base-url", help="OpenAI-compatible endpoint (or OPTAGENT_BASE_URL)")
     p.add_argument("--model", help="model name (or OPTAGENT_MODEL); key from OPTAGENT_API_KEY or OPENAI_API_KEY")
+    p.add_argument("--request-timeout", type=SECONDS, default=REQUEST_TIMEOUT_S, metavar="S",
+                   help=f"seconds to wait for one LLM reply (default {REQUEST_TIMEOUT_S:g}; reasoning models are slow)")
+    p.add_argument("--max-tokens", type=number("a whole number of tokens >= 1", integer=True, minimum=1),
+                   help="most tokens of one LLM reply (default: the server's)")
+    p.add_argument("--temperature", type=NON_NEGATIVE, help="LLM sampling temperature (default: the server's)")
 
 
 def add_limit_options(p: argparse.ArgumentParser) -> None:

@@ -107,6 +107,8 @@ def cmd_run(a) -> int:
                        planner=planner,
                        model=settings.model if settings else None, base_url=settings.base_url if settings else None,
                        replay_file=str(Path(a.replay).resolve()) if a.replay else None, compiler=a.compiler,
+                       request_timeout_s=a.request_timeout, max_tokens=int(a.max_tokens) if a.max_tokens else None,
+                       temperature=a.temperature,
                        cases=a.cases, hidden=not a.no_hidden, timeout_s=a.timeout, min_gain=a.min_gain, patience=a.patience,
                        max_steps=a.max_steps, time_limit_s=a.time_limit, budget_usd=a.budget_usd)
     evaluator = run_evaluator(config, task)  # a bad --cases fails before a run exists

@@ -30,6 +30,12 @@ FLOOR_MARGIN = 0.9
 ONCE = (("hello", Hello), ("baseline", Baseline), ("compile", Compiled), ("case", (CaseRan, CaseFailed)),
         ("done", Done))
 
+# A frame of the candidate's own file (the backends copy it to candidate_<n>_<case>.py; the harness
+# module is candidate.py, without the underscore).
+CANDIDATE_FRAME = re.compile(r'File "[^"]*/candidate_[^"/]*\.(?:py|cu)", line (\d+)')
+CHAINED = re.compile(r"\n(?:The above exception was the direct cause of the following exception:|"
+                     r"During handling of the above exception, another exception occurred:)\n")
+
 JudgeRunner = Callable[[Job], WorkerRun]  # runs the judge's job, returns what the judge said
 C = TypeVar("C", CaseRan, CaseFailed, Baseline)
 
@@ -62,12 +68,26 @@ def died(run: WorkerRun, error: Optional[WorkerError], timeout_s: float,
     if run.returncode == 0 and not error:  # only candidate code ends the process "successfully" mid-case
         return Status.REJECTED, "the process exited with code 0 in the middle of a case (exit before the checks)"
     if error:
-        if COMPILE_FAILURE.search(error.error):
-            return Status.COMPILE_ERROR, error.error[:600]
-        return Status.RUNTIME_ERROR, over_memory(error.error, run.isolation, device) or error.error[:600]
+        line = candidate_line(error.traceback)
+        where = f" (line {line})" if line and f"(line {line})" not in error.error else ""
+        if COMPILE_FAILURE.search(error.error):  # Triton's message quotes the jit function: kept longer
+            return Status.COMPILE_ERROR, error.error[:1500] + where
+        return Status.RUNTIME_ERROR, over_memory(error.error, run.isolation, device) or error.error[:600] + where
     lines = [ln for ln in run.stderr_tail.strip().splitlines() if ln.strip()][-3:]
     said = f": {' | '.join(lines)[:400]}" if lines else ""
     return Status.RUNTIME_ERROR, f"the candidate process {run.exit_text}{said}"
+
+
+def candidate_line(traceback: str) -> Optional[int]:
+    """The innermost line of the candidate's file in the root cause of a traceback, or None.
+
+    A chained traceback prints the cause first: Triton's interpreter wraps the kernel's own
+    NameError in an InterpreterError raised from the launch, whose frames name the launch line."""
+    for section in CHAINED.split(traceback or ""):
+        lines = CANDIDATE_FRAME.findall(section)
+        if lines:
+            return int(lines[-1])
+    return None
 
 
 def assemble(job: Job, run: WorkerRun, judge: JudgeRunner, *, source_sha256: str, timeout_s: float,
@@ -149,7 +169,7 @@ def _claimed(job: Job, run: WorkerRun, error: Optional[WorkerError],
         else:
             t, g = msg.timing, msg.gpu
             cases.append(CaseResult(status=Status.PASSED, time=t, time_us=t.median_us if t else None,
-                                    gpu_us=g.median_us if g else None,
+                                    gpu_us=g.median_us if g else None, kernels=msg.kernels,
                                     baseline_us=base.timing.median_us if base else None, load_ms=msg.load_ms, **row))
             ran.append(spec)
     return cases, ran

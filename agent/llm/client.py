@@ -7,6 +7,7 @@ from typing import Optional
 import openai
 
 from optagent.protocols import LLMReply
+from optagent.llm.replies import split_reasoning
 from optagent.llm.retry import llm_retry
 from optagent.llm.config import LLMSettings, llm_settings_from_env  # noqa: F401 (re-exported)
 from optagent.schema import Usage
@@ -53,14 +54,17 @@ class OpenAICompatLLM:
         base_url: str,
         model: str,
         api_key: Optional[str],
-        timeout_s: float = 120,
+        timeout_s: float = 600,
         prices: Optional[dict] = None,
         max_tokens: Optional[int] = None,
+        temperature: Optional[float] = None,
     ) -> None:
         self.base_url = base_url
         self.model = model
         self.prices = prices
         self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.timeout_s = timeout_s
         # max_retries=0: retries belong to optagent.llm.retry alone, or they would multiply.
         self._client = openai.OpenAI(
             base_url=base_url, api_key=api_key or _NO_KEY, timeout=timeout_s, max_retries=0
@@ -91,6 +95,8 @@ class OpenAICompatLLM:
         kwargs: dict = {"model": self.model, "messages": messages}
         if self.max_tokens is not None:
             kwargs["max_tokens"] = self.max_tokens
+        if self.temperature is not None:
+            kwargs["temperature"] = self.temperature
         try:
             return self._client.chat.completions.create(**kwargs)
         except openai.APIResponseValidationError as exc:
@@ -108,17 +114,28 @@ class OpenAICompatLLM:
             raise LLMError(f"{self.base_url}: reply has no choices")
         message = getattr(choices[0], "message", None)
         text = getattr(message, "content", None)
-        if not isinstance(text, str):
+        # Reasoning models (DeepSeek-R1, vLLM's reasoning parsers, ...) send their thinking in a field
+        # of its own, or as <think> blocks before the answer: either way it is not the answer.
+        reasoning = getattr(message, "reasoning_content", None) or getattr(message, "reasoning", None)
+        reasoning = reasoning if isinstance(reasoning, str) else ""
+        if isinstance(text, str):
+            text, thought = split_reasoning(text)
+            reasoning = "\n".join(r for r in (reasoning, thought) if r)
+        if not isinstance(text, str) or (reasoning and not text.strip()):
             reason = getattr(choices[0], "finish_reason", None)
-            raise LLMError(f"{self.base_url}: reply has no message content (finish_reason={reason})")
+            what = "only reasoning, no answer" if reasoning else "no message content"
+            hint = " (raise --max-tokens)" if reason == "length" else ""
+            raise LLMError(f"{self.base_url}: reply has {what} (finish_reason={reason}){hint}")
         usage = getattr(response, "usage", None)
         prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
         completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
         return LLMReply(
             text=text,
+            reasoning=reasoning,
             usage=Usage(
                 prompt_tokens=prompt_tokens,
                 completion_tokens=completion_tokens,
                 cost_usd=cost_usd(self.prices, prompt_tokens, completion_tokens),
+                requests=1,
             ),
         )

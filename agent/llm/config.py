@@ -11,6 +11,7 @@ from typing import NamedTuple, Optional
 
 from optagent import secret_env
 from optagent.cli.inputs import env_number
+from optagent.llm.prices import known_prices
 
 
 class LLMSettings(NamedTuple):
@@ -22,14 +23,20 @@ class LLMSettings(NamedTuple):
 
 def llm_settings_from_env(base_url: Optional[str] = None, model: Optional[str] = None
                           ) -> Optional[LLMSettings]:
-    """(base_url, model, api_key, prices) from arguments, then OPTAGENT_* variables; None if unset."""
+    """(base_url, model, api_key, prices) from arguments, then OPTAGENT_* variables; None if unset.
+
+    Prices: the variables where set (one set alone leaves the other at the table's, else 0),
+    else the table of known models (llm/prices.py)."""
     base_url = base_url or os.environ.get("OPTAGENT_BASE_URL") or None
     model = model or os.environ.get("OPTAGENT_MODEL") or None
     if not base_url or not model:
         return None
     api_key = secret_env.get("OPTAGENT_API_KEY") or secret_env.get("OPENAI_API_KEY") or None
     prompt, completion = env_number("OPTAGENT_PRICE_PROMPT"), env_number("OPTAGENT_PRICE_COMPLETION")
-    prices = None
+    prices = known_prices(model)
     if prompt is not None or completion is not None:
-        prices = {"prompt_per_mtok": prompt or 0.0, "completion_per_mtok": completion or 0.0}
+        table = prices or {}
+        prices = {"prompt_per_mtok": prompt if prompt is not None else table.get("prompt_per_mtok", 0.0),
+                  "completion_per_mtok": completion if completion is not None
+                  else table.get("completion_per_mtok", 0.0)}
     return LLMSettings(base_url, model, api_key, prices)

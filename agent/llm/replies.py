@@ -28,6 +28,21 @@ _TAGS: dict[Language, set[str]] = {lang: {lang.fence, *more} for lang, more in {
 }.items()}
 
 
+_THINK = re.compile(r"^\s*<(think|thinking|reasoning)>(.*?)(?:</\1>|\Z)", re.DOTALL | re.IGNORECASE)
+
+
+def split_reasoning(text: str) -> tuple[str, str]:
+    """(answer, reasoning) of a reply whose reasoning model put ``<think>...</think>`` blocks before the
+    answer; an unclosed block (the reply was cut off while thinking) is all reasoning."""
+    reasoning: list[str] = []
+    while True:
+        m = _THINK.match(text)
+        if not m:
+            return text.lstrip("\n"), "\n".join(reasoning)
+        reasoning.append(m.group(2).strip())
+        text = text[m.end():]
+
+
 class NoKernelError(Exception):
     """The reply holds neither usable edits nor a whole kernel file."""
 

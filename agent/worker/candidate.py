@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from optagent.worker import bench
+from optagent.worker import bench, compiler_facts
 from optagent.worker.backends import CompileError, Refused, Unsupported, backend_for
 from optagent.worker.guard import lock_imports, watch_host_compute
 from optagent.worker.harness import TaskRuntime, float_scales, poison, refresh_floats, run_baseline, same_bits
@@ -82,7 +82,8 @@ class Candidate:
                 chan.send(PhaseStarted(phase=Phase.TIMING, case=case.label))
                 timed, timings = self._timed(case, fn, backend)
                 samples += timed
-            chan.send(CaseRan(case=case.label, samples=samples, load_ms=load_ms, **timings))
+            kernels = compiler_facts.collect(backend) if job.device is Device.CUDA else []
+            chan.send(CaseRan(case=case.label, samples=samples, load_ms=load_ms, kernels=kernels, **timings))
             self.sync()
             if _threads() - threads:
                 chan.send(Integrity(reason="left background threads running after run_kernel returned"))

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from optagent.llm import feedback as fb
+from optagent.llm.feedback import Rules
 from optagent.llm.edits import EditError, kernel_from_reply
 from optagent.llm.replies import NoKernelError, extract_idea
 from optagent.llm.prompts import render
 from optagent.protocols import LLM, Attempt, PlannerContext
-from optagent.schema import EvalResult, PlannerKind, Proposal, Status, StepOutcome, Usage
+from optagent.schema import EvalResult, PlannerKind, Proposal, StepOutcome, Usage
 
 RECENT_ATTEMPTS = 5  # attempts shown in detail; older ones only in the ledger
 LEDGER_MAX = 60
@@ -54,15 +56,15 @@ def _case_rows(result: EvalResult) -> list[dict[str, str]]:
             "speedup": _num(c.speedup, ".3f"),
             "floor_pct": _num(c.pct_of_floor, ".1f"),
             "bound": c.bound or "-",
+            "tolerance": _num(c.tolerance, ".1e"),
         }
         for c in result.cases
     ]
 
 
-def _result_view(result: Optional[EvalResult]) -> Optional[dict[str, Any]]:
+def _result_view(result: Optional[EvalResult], source: Optional[str] = None) -> Optional[dict[str, Any]]:
     if result is None:
         return None
-    failing = next((c for c in result.cases if not c.status.ok and c.status is not Status.SKIPPED), None)
     log_tail = trim(result.log_tail, _LOG_LINES) if result.log_tail else ""
     reason = trim(result.reason)
     return {
@@ -73,14 +75,9 @@ def _result_view(result: Optional[EvalResult]) -> Optional[dict[str, Any]]:
         "device_name": result.device_name or result.device,
         "baseline_label": result.baseline_label or "the package's baseline",
         "rows": _case_rows(result),
-        "failing": None if failing is None else {
-            "case": failing.case,
-            "sizes": failing.sizes or "-",
-            "status": failing.status.value,
-            "reason": trim(failing.reason),
-            "rel_err": _num(failing.rel_err, ".3g"),
-            "tolerance": _num(failing.tolerance, ".3g"),
-        },
+        "groups": fb.failing_groups(result),
+        "kernels": fb.kernel_lines(result),
+        "error_at": fb.error_at(result, source),
     }
 
 
@@ -92,16 +89,25 @@ def _effect(a: Attempt) -> str:
     return a.result.status.value
 
 
-def _attempt_view(a: Attempt) -> dict[str, Any]:
+def _attempt_view(a: Attempt, attempts: list[Attempt], starter: str) -> dict[str, Any]:
     # A failed edit's full message (with nearest lines) goes in the feedback section; one line here.
     error = (a.error or "").split("\n")[0] if a.outcome == StepOutcome.NO_KERNEL.value else trim(a.error)
+    failed = a.result is not None and not a.result.status.ok
+    parent = fb.parent_source(attempts, a.index, starter) if failed else None
     return {"index": a.index, "idea": a.idea, "outcome": a.outcome, "error": error,
-            "effect": _effect(a), "result": _result_view(a.result)}
+            "effect": _effect(a), "result": _result_view(a.result, a.source),
+            "diff": fb.diff(parent, a.source) if failed else "", "retime_note": a.retime_note or ""}
+
+
+def _ledger_row(a: Attempt) -> dict[str, Any]:
+    return {"index": a.index, "idea": a.idea, "outcome": a.outcome, "effect": _effect(a)}
 
 
 def prompt_vars(ctx: PlannerContext, feedback: str = "", whole_file: bool = False,
-                edit_failures: int = 0) -> dict[str, Any]:
+                edit_failures: int = 0, rules: Optional[Rules] = None) -> dict[str, Any]:
     tried = [a for a in ctx.attempts if a.outcome != StepOutcome.BASELINE.value]
+    recent = [_attempt_view(a, ctx.attempts, ctx.starter_source) for a in tried[-RECENT_ATTEMPTS:]]
+    rules = rules or Rules()
     return {
         "task_name": ctx.task_name,
         "title": ctx.title,
@@ -114,9 +120,13 @@ def prompt_vars(ctx: PlannerContext, feedback: str = "", whole_file: bool = Fals
         "best": _result_view(ctx.best_result),
         "gpu": ctx.gpu,
         "step_index": ctx.step_index,
-        "ledger": [_attempt_view(a) for a in tried[-LEDGER_MAX:]],
+        "ledger": [_ledger_row(a) for a in tried[-LEDGER_MAX:]],
         "ledger_cut": max(0, len(tried) - LEDGER_MAX),
-        "recent": [_attempt_view(a) for a in tried[-RECENT_ATTEMPTS:]],
+        "ledger_summary": fb.ledger_summary(tried[:-LEDGER_MAX] if len(tried) > LEDGER_MAX else []),
+        "recent": recent,
+        "rules": rules.view(),
+        "device": fb.run_device(rules, ctx.attempts),
+        "retime_notes": fb.retime_notes(ctx.attempts),
         "feedback": feedback.strip("\n"),
         "whole_file": whole_file,
         "edit_failures": edit_failures,
@@ -124,8 +134,8 @@ def prompt_vars(ctx: PlannerContext, feedback: str = "", whole_file: bool = Fals
 
 
 def build_messages(ctx: PlannerContext, feedback: str = "", whole_file: bool = False,
-                   edit_failures: int = 0) -> list[dict]:
-    variables = prompt_vars(ctx, feedback, whole_file, edit_failures)
+                   edit_failures: int = 0, rules: Optional[Rules] = None) -> list[dict]:
+    variables = prompt_vars(ctx, feedback, whole_file, edit_failures, rules)
     return [
         {"role": "system", "content": render("system", **variables)},
         {"role": "user", "content": render("propose", **variables)},
@@ -164,19 +174,41 @@ def proposal_from_reply(
 class LLMPlanner:
     name = PlannerKind.LLM
 
-    def __init__(self, llm: LLM, max_edit_failures: int = 2) -> None:
+    def __init__(self, llm: LLM, max_edit_failures: int = 2, rules: Optional[Rules] = None,
+                 max_repairs: int = 2) -> None:
         self.llm = llm
+        self.rules = rules
         self.model: Optional[str] = llm.model
         self.max_edit_failures = max_edit_failures
-        self._edit_failures = 0  # consecutive replies whose SEARCH/REPLACE edits did not apply
+        self.max_repairs = max_repairs  # requests within a step that repair edits which did not apply
+        self._edit_failures = 0  # consecutive steps whose SEARCH/REPLACE edits did not apply
         self._feedback = ""  # rendered edit_failed.j2 for the next prompt
 
     def propose(self, ctx: PlannerContext) -> Proposal:
         whole_file = self._edit_failures >= self.max_edit_failures
-        messages = build_messages(ctx, self._feedback, whole_file, self._edit_failures)
+        messages = build_messages(ctx, self._feedback, whole_file, self._edit_failures, self.rules)
         reply = self.llm.complete(messages)  # errors left after retry.py's policy go to the loop
-        proposal, failure = proposal_from_reply(reply.text, ctx, reply.usage, messages)
-        proposal.meta["whole_file_requested"] = whole_file
+        usage, reasoning = reply.usage, len(reply.reasoning)
+        proposal, failure = proposal_from_reply(reply.text, ctx, usage, messages)
+        idea = extract_idea(reply.text) or None
+        repairs = 0
+        # An edit that misses is repaired inside the step: the model sees the nearest lines at once,
+        # and the step is spent on a kernel, not on a copying mistake.
+        while isinstance(failure, EditError) and repairs < self.max_repairs:
+            repairs += 1
+            messages = messages + [
+                {"role": "assistant", "content": reply.text},
+                {"role": "user", "content": render("edit_repair", error=str(failure), attempt=repairs,
+                                                   attempts=self.max_repairs, fence=ctx.language.fence)}]
+            try:
+                reply = self.llm.complete(messages)
+            except Exception as exc:  # the step keeps the reply it has; the next step starts afresh
+                proposal.meta["repair_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                break
+            usage, reasoning = usage + reply.usage, reasoning + len(reply.reasoning)
+            proposal, failure = proposal_from_reply(reply.text, ctx, usage, messages,
+                                                    idea=extract_idea(reply.text) or idea)
+        proposal.meta.update(whole_file_requested=whole_file, repairs=repairs, reasoning_chars=reasoning)
         self._remember(failure)
         return proposal
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import os
 import re
 import shlex
@@ -21,7 +22,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from optagent.cache import cache_root
-from optagent.schema import Device
+from optagent.schema import Device, KernelFacts
+from optagent.worker.compiler_facts import parse_ptxas
 from optagent.worker.object_scan import scan_cuda_object
 from optagent.worker.backends.base import CompileError, Refused
 
@@ -81,6 +83,7 @@ class CudaBackend:
         self.compiler = compiler or shlex.split(os.environ.get("OPTAGENT_NVCC", DEFAULT_COMPILER))
         self.timeout = compile_timeout_s
         self.library: Path | None = None
+        self.kernel_facts: list[KernelFacts] = []  # from ptxas -v, when nvcc built it
 
     def _two_step(self) -> bool:
         return Path(self.compiler[0]).name == "nvcc" and "-shared" in self.compiler
@@ -94,9 +97,11 @@ class CudaBackend:
                 cmd.append("-c")
             elif not (compile_only and part.startswith(LINK_FLAGS)):
                 cmd.append(part.format(out=out, src=src, arch=arch))
+        if Path(cmd[0]).name == "nvcc":  # ptxas -v: registers, spills, shared memory per kernel (compiler_facts.py)
+            cmd[1:1] = ["-Xptxas", "-v"]
         return cmd
 
-    def _run(self, cmd: list[str], scratch: Path, source_path: Path) -> None:
+    def _run(self, cmd: list[str], scratch: Path, source_path: Path) -> str:
         if shutil.which(cmd[0]) is None:
             raise CompileError(f"compiler {cmd[0]!r} not found (set --compiler or OPTAGENT_NVCC)")
         try:
@@ -105,6 +110,7 @@ class CudaBackend:
             raise CompileError(f"compiler timed out after {self.timeout:.0f} s") from None
         if proc.returncode != 0:
             raise CompileError(first_errors(proc.stderr + proc.stdout, source_path))
+        return proc.stderr + proc.stdout
 
     def prepare(self, source_path: Path, scratch: Path) -> None:
         source = source_path.read_text(encoding="utf-8")
@@ -114,13 +120,16 @@ class CudaBackend:
         key = hashlib.sha256("\0".join([source, " ".join(self.compiler), arch, checked]).encode()).hexdigest()[:24]
         cached = cache_dir() / f"{key}.so"
         self.scratch = scratch
+        facts_file = cached.with_suffix(".facts.json")
         if cached.exists():
             self.library = cached
+            self.kernel_facts = _read_facts(facts_file)
             return
         out = scratch / f"candidate-{key}.so"  # builds of different sources may share a scratch dir
         if self._two_step():
             obj = out.with_suffix(".o")
-            self._run(self._command(obj, source_path, arch, compile_only=True), scratch, source_path)
+            self.kernel_facts = parse_ptxas(self._run(self._command(obj, source_path, arch, compile_only=True),
+                                                      scratch, source_path))
             why = scan_cuda_object(str(obj))
             if why:
                 raise Refused(why)
@@ -129,13 +138,14 @@ class CudaBackend:
             self._run([self.compiler[0], "-shared", "--no-device-link", "-o", str(out), str(obj), *libs],
                       scratch, source_path)
         else:
-            self._run(self._command(out, source_path, arch), scratch, source_path)
+            self.kernel_facts = parse_ptxas(self._run(self._command(out, source_path, arch), scratch, source_path))
         if not out.exists():
             raise CompileError("the compiler exited without writing the library")
         try:
             cached.parent.mkdir(parents=True, exist_ok=True)
             tmp = cached.with_suffix(f".{os.getpid()}.tmp")
             shutil.copyfile(out, tmp)
+            facts_file.write_text(json.dumps([f.model_dump(mode="json") for f in self.kernel_facts]))
             os.replace(tmp, cached)
         except OSError:  # read-only to a sandboxed candidate, that must not fill it for others: use its own
             self.library = out
@@ -164,6 +174,13 @@ class CudaBackend:
             fn(*converted)
 
         return run_kernel
+
+
+def _read_facts(path: Path) -> list[KernelFacts]:
+    try:
+        return [KernelFacts.model_validate(f) for f in json.loads(path.read_text())]
+    except (OSError, ValueError):  # a library cached before facts were kept
+        return []
 
 
 def build_all(paths: Sequence[Path], device: Device = Device.CUDA, timeout_s: float = 600) -> dict[Path, str]:

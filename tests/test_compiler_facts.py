@@ -1,0 +1,120 @@
+"""What the compiler reports per kernel: parsing of ptxas -v, cuobjdump -res-usage and Triton's
+compiled-kernel metadata (samples written here), nvcc's own report, and the prompt showing it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from optagent.llm.feedback import kernel_lines
+from optagent.schema import CaseKind, CaseResult, Device, EvalResult, KernelFacts, Language, Status
+from optagent.worker.compiler_facts import collect, from_triton, occupancy, parse_ptxas, parse_res_usage
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PTXAS = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function '_Z12decode_splitPK6__halfS1_PfS2_iii' for 'sm_90a'
+ptxas info    : Function properties for _Z12decode_splitPK6__halfS1_PfS2_iii
+    16 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 168 registers, used 1 barriers, 32768 bytes smem, 400 bytes cmem[0]
+ptxas info    : Compiling entry function '_Z7combinePfS_i' for 'sm_90a'
+ptxas info    : Function properties for _Z7combinePfS_i
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 24 registers, 380 bytes cmem[0]
+"""
+
+RES_USAGE = """
+Fatbin elf code:
+================
+arch = sm_90a
+code version = [1,8]
+host = linux
+compile_size = 64bit
+
+Resource usage:
+ Common:
+  GLOBAL:0
+ Function _Z7combinePfS_i:
+  REG:24 STACK:0 SHARED:0 LOCAL:0 CONSTANT[0]:380 TEXTURE:0 SURFACE:0 SAMPLER:0
+ Function _Z12decode_splitPK6__halfS1_PfS2_iii:
+  REG:168 STACK:16 SHARED:32768 LOCAL:16 CONSTANT[0]:400 TEXTURE:0 SURFACE:0 SAMPLER:0
+"""
+
+
+def test_ptxas_verbose_output_is_parsed_per_kernel() -> None:
+    split, combine = parse_ptxas(PTXAS)
+    assert (split.name, split.registers, split.spill_bytes, split.shared_bytes) == (
+        "_Z12decode_splitPK6__halfS1_PfS2_iii", 168, 20, 32768)
+    assert (combine.registers, combine.spill_bytes, combine.shared_bytes) == (24, 0, 0)
+    assert split.occupancy is None  # ptxas does not know the block size
+    assert parse_ptxas("nvcc warning: nothing useful") == []
+
+
+def test_cuobjdump_resource_usage_is_parsed() -> None:
+    combine, split = parse_res_usage(RES_USAGE)
+    assert (combine.name, combine.registers, combine.shared_bytes) == ("_Z7combinePfS_i", 24, 0)
+    assert (split.registers, split.shared_bytes, split.spill_bytes) == (168, 32768, 16)
+
+
+def test_triton_metadata_dict_gives_registers_spills_shared_and_occupancy() -> None:
+    facts = from_triton({"name": "_decode_kernel", "n_regs": 64, "n_spills": 3, "shared": 16384,
+                         "num_warps": 4, "num_stages": 2})
+    # 64 regs x 32 threads = 2048 per warp: 65536 / (2048 x 4) = 8 blocks by registers, 8 x 4 / 64 warps
+    assert (facts.registers, facts.spill_bytes, facts.shared_bytes, facts.warps) == (64, 12, 16384, 4)
+    assert facts.occupancy == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("regs, smem, warps, expected", [
+    (32, 0, 8, 1.0),  # 8 blocks of 8 warps fill the 64
+    (255, 0, 4, 0.125),  # 255 -> 8192 per warp: 2 blocks of 4 warps, 8 of 64
+    (32, 100 * 1024, 4, 2 * 4 / 64),  # shared memory allows 2 blocks
+    (32, 0, None, None),
+])
+def test_occupancy(regs: int, smem: int, warps, expected) -> None:
+    assert occupancy(regs, smem, warps) == (pytest.approx(expected) if expected is not None else None)
+
+
+def test_collect_reads_the_compiled_kernels_of_a_modules_jit_functions() -> None:
+    kernel = SimpleNamespace(n_regs=40, n_spills=0, metadata=SimpleNamespace(
+        name="_attn_fwd", shared=8192, num_warps=8, num_stages=3))
+    jit = SimpleNamespace(device_caches={0: ({"key": kernel}, {}, None, None, None)})
+    backend = SimpleNamespace(module=SimpleNamespace(_attn_fwd=jit, BLOCK=64), kernel_facts=[])
+    (facts,) = collect(backend)
+    assert (facts.name, facts.registers, facts.shared_bytes, facts.warps, facts.stages) == ("_attn_fwd", 40, 8192, 8, 3)
+    assert collect(SimpleNamespace(module=None)) == []
+    assert collect(object()) == []
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_nvcc_builds_report_their_kernels_also_from_the_cache(tmp_path: Path) -> None:
+    from optagent.worker.backends.cuda import CudaBackend
+
+    src = tmp_path / "candidate.cu"
+    starter = ROOT / "tasks" / "flashattn_task_package" / "starter" / "decode_cuda.cu"
+    src.write_text(starter.read_text() + f"// {tmp_path.name}\n")  # a source no earlier build cached
+    first = CudaBackend(Device.CPU, None, 300)
+    first.prepare(src, tmp_path)
+    assert first.kernel_facts and all(k.source == "ptxas" and k.registers for k in first.kernel_facts)
+    again = CudaBackend(Device.CPU, None, 300)
+    again.prepare(src, tmp_path)
+    assert again.library == first.library and again.kernel_facts == first.kernel_facts
+
+
+def test_the_prompt_shows_what_the_compiler_reports() -> None:
+    from test_llm_planner import make_ctx
+
+    from optagent.search.planners.llm import build_messages
+
+    ctx = make_ctx()
+    facts = [from_triton({"name": "_decode", "n_regs": 96, "n_spills": 2, "shared": 4096, "num_warps": 4})]
+    case = CaseResult(case="1", kind=CaseKind.CONTEST, status=Status.PASSED, time_us=10.0, baseline_us=20.0,
+                      kernels=facts + [KernelFacts(name="_decode", source="triton", registers=1)])
+    ctx.best_result = EvalResult(status=Status.PASSED, language=Language.TRITON, device="cuda", source_sha256="0" * 64,
+                                 cases=[case], wall_s=1.0)
+    assert kernel_lines(ctx.best_result) == [
+        "_decode (triton): 96 registers, 8 B spilled, 4.0 KiB shared, 4 warps, occupancy 31%"]  # 5 blocks of 4 warps
+    prompt = build_messages(ctx)[1]["content"]
+    assert "What the compiler reports" in prompt and "- _decode (triton): 96 registers, 8 B spilled" in prompt
