@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Optional
 
-from optagent.cli.inputs import NON_NEGATIVE, PATIENCE, SECONDS, STEPS
+from optagent.cli.inputs import NON_NEGATIVE, PATIENCE, SECONDS, STEPS, number
 from optagent.evaluation.evaluator import TIMEOUT_S
 from optagent.schema import Device, Language, PlannerKind
 from optagent.search.loop import Limits
@@ -52,6 +52,12 @@ def add_limit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-limit", type=SECONDS, default=d.time_limit_s, help="stop after this many seconds")
     p.add_argument("--budget-usd", type=NON_NEGATIVE, default=d.budget_usd,
                    help="stop once LLM spending reaches this")
+
+
+def add_pool_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--jobs", type=number("a whole number of evaluations >= 1", integer=True, minimum=1),
+                   help="evaluations at once (default: two per timing lane plus two, at most half the cores); "
+                        "timing stays one at a time per GPU")
 
 
 def add_runs_dir(p: argparse.ArgumentParser) -> None:

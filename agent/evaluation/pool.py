@@ -98,7 +98,8 @@ class LocalPool:
     def retime(self, jobs: Sequence[PoolJob], progress: Optional[ProgressSink] = None) -> list[EvalResult]:
         """All on lane 0, held for the whole batch; compiled at once, timed back to back in order."""
         lane = self.lane_list[0]
-        base = self._baseline(lane)  # before the lane is held: the baseline job needs it
+        base = self._baseline(lane)
+        wait([base])  # before the lane is held: the baseline job times in it too
         stop = threading.Event()
         sink = _serialised(progress)
         token = ("retime", object())
