@@ -69,7 +69,7 @@ class Candidate:
             return
         chan.send(Compiled(status=Status.PASSED))
         threads = _threads()
-        checked = []  # (case, kernel, samples, load_ms) of the cases still to time
+        checked = []  # (n, case, samples, load_ms) of the cases still to time
         for n, case in enumerate(job.cases):
             chan.send(CaseStart(case=case.label))
             t0 = bench.perf_counter()
@@ -86,11 +86,17 @@ class Candidate:
             if case.kind is CaseKind.HIDDEN:
                 chan.send(CaseRan(case=case.label, samples=samples, load_ms=load_ms))
             else:
-                checked.append((case, fn, samples, load_ms))
+                checked.append((n, case, samples, load_ms))
         if checked:
             with lane(chan, Phase.TIMING):  # every case checked: only now is the lane worth taking
-                for case, fn, samples, load_ms in checked:
+                for n, case, samples, load_ms in checked:
                     chan.send(PhaseStarted(phase=Phase.TIMING, case=case.label))
+                    try:  # a fresh copy again: loading the next case dropped the checked one's module
+                        fn = backend.load_fresh(f"{n}_{case.label}_timed")
+                    except (CompileError, Unsupported) as e:
+                        status = Status.UNSUPPORTED if isinstance(e, Unsupported) else Status.COMPILE_ERROR
+                        chan.send(CaseFailed(case=case.label, status=status, reason=str(e)))
+                        return
                     timed, timings = self._timed(case, fn, backend)
                     chan.send(CaseRan(case=case.label, samples=samples + timed, load_ms=load_ms, **timings))
                     if not self._no_new_threads(threads):
