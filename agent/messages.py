@@ -61,7 +61,7 @@ class Sample(Part):
 
 
 class Job(Record):
-    mode: Literal["candidate", "judge", "probe"]
+    mode: Literal["candidate", "judge", "probe", "baseline"]  # baseline: the baselines alone, no candidate
     task_dir: str
     device: Device
     language: Optional[Language] = None
@@ -76,6 +76,7 @@ class Job(Record):
     outputs_dir: Optional[str] = None  # where the candidate saves outputs for the judge
     samples: dict[str, list[Sample]] = Field(default_factory=dict)  # judge: saved outputs per case
     source_fp8: bool = False  # judge: the candidate's source names an fp8 type (interpreter_faults)
+    time_baseline: bool = True  # candidate: time the baselines first (off where a pool times them once per lane)
 
 
 class Message(Part):
@@ -96,6 +97,7 @@ class Hello(Message):
     baseline_label: str
     device_name: str
     gpu: Optional[DeviceFacts] = None
+    import_s: Optional[float] = None  # the worker's own start-up until this message: torch, the task package
 
 
 class PhaseStarted(Message):
@@ -104,6 +106,19 @@ class PhaseStarted(Message):
     type: Literal["phase"] = "phase"
     phase: Phase
     case: Optional[str] = None
+
+
+class LaneWanted(Message):
+    """The harness is about to time (the baselines, or the kernel): it waits for its timing lane
+    when the parent gave it a gate (evaluation/lanes.py), and tells the phase's start either way."""
+
+    type: Literal["lane_wanted"] = "lane_wanted"
+    phase: Phase
+
+
+class LaneReleased(Message):
+    type: Literal["lane_released"] = "lane_released"
+    phase: Phase
 
 
 class Baseline(Message):
@@ -227,7 +242,8 @@ class Done(Message):
 
 
 AnyMessage = Annotated[Union[Hello, PhaseStarted, Baseline, Compiled, CaseStart, CaseRan, CaseFailed, Integrity,
-                             Verdict, Probed, WorkerError, Done], Field(discriminator="type")]
+                             Verdict, Probed, WorkerError, Done, LaneWanted, LaneReleased],
+                       Field(discriminator="type")]
 _MESSAGE: TypeAdapter[AnyMessage] = TypeAdapter(AnyMessage)
 M = TypeVar("M", bound=Message)
 

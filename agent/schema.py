@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validat
 # The enums live in their own module; every record module imports them from here.
 from optagent.enums import SEVERITY, CaseKind, Device, FloorKind, Language, PlannerKind, Status, Word  # noqa: F401
 from optagent.kernel_facts import KernelFacts  # noqa: F401 (a part of CaseResult, apart for its length)
+from optagent.costs import Costs
 
 FORMAT_VERSION = 1
 
@@ -143,6 +144,7 @@ class EvalResult(Record):
     log_tail: Optional[str] = None  # candidate stderr tail, for the planner
     gpu: Optional[dict] = None  # name, sm_count, l2_mb, bandwidth_gbs of the device measured on
     isolation: Isolation = Field(default_factory=Isolation)
+    costs: Optional[Costs] = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "EvalResult":

@@ -11,7 +11,7 @@ from typing import Optional
 
 from optagent.cli.inputs import UserError
 from optagent.evaluation.evaluator import TIMEOUT_S, SandboxEvaluator, choose_cases
-from optagent.protocols import Evaluator, Planner
+from optagent.protocols import Evaluator, Planner, Pool
 from optagent.schema import Device, PlannerKind, RunConfig
 from optagent.search.loop import Limits
 from optagent.task import TaskPackage
@@ -25,6 +25,15 @@ def build_evaluator(task: TaskPackage, device: Device, cases: Optional[str], *, 
     chosen = choose_cases(task, device, cases, hidden=hidden)
     return SandboxEvaluator(task, device, chosen, timeout_s=timeout_s,
                             compiler=shlex.split(compiler) if compiler else None, keep_scratch=keep_scratch)
+
+
+def build_pool(evaluator: Evaluator, jobs: Optional[int] = None) -> Pool:
+    """The local pool over the sandboxed evaluator: `jobs` evaluations at once (default: from the
+    lanes and cores, evaluation/pool.py), one timing lane per visible GPU."""
+    from optagent.evaluation.pool import LocalPool
+
+    assert isinstance(evaluator, SandboxEvaluator)
+    return LocalPool(evaluator, jobs=jobs)
 
 
 def run_evaluator(config: RunConfig, task: TaskPackage) -> Evaluator:

@@ -34,6 +34,7 @@ NUMERIC_ENV = {
     "OPTAGENT_RETRY_ATTEMPTS": _Spec("a whole number of attempts, at least 1", integer=True, minimum=1),
     "OPTAGENT_RETRY_BASE_S": _Spec("a number of seconds >= 0"),
     "OPTAGENT_MEMORY_LIMIT_GIB": _Spec("a number of GiB >= 0 (0: no memory limit)"),
+    "OPTAGENT_CPU_LANES": _Spec("a whole number of timing lanes, at least 1", integer=True, minimum=1),
 }
 
 

@@ -62,5 +62,11 @@ def add_limit_options(p: argparse.ArgumentParser) -> None:
                    help="stop once LLM spending reaches this")
 
 
+def add_pool_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--jobs", type=number("a whole number of evaluations >= 1", integer=True, minimum=1),
+                   help="evaluations at once (default: two per timing lane plus two, at most half the cores); "
+                        "timing stays one at a time per GPU")
+
+
 def add_runs_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs-dir", help="where runs live (default ./runs or OPTAGENT_RUNS_DIR)")

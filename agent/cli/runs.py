@@ -10,7 +10,8 @@ from typing import Optional
 from optagent.cli.build import build_evaluator, build_planner, run_evaluator, run_limits
 from optagent.cli.language import pick_language
 from optagent.cli.inputs import UserError, check_env
-from optagent.cli.options import add_eval_options, add_limit_options, add_planner_options, add_runs_dir, resolve_device
+from optagent.cli.options import (add_eval_options, add_limit_options, add_planner_options, add_pool_options,
+                                  add_runs_dir, resolve_device)
 from optagent.protocols import Evaluator, Planner
 from optagent.schema import Device, PlannerKind, RunConfig, RunState, RunStatus, Step
 from optagent.search.loop import Loop
@@ -134,6 +135,7 @@ def add_run_commands(sub: argparse._SubParsersAction) -> None:
     add_eval_options(r)
     add_planner_options(r)
     add_limit_options(r)
+    add_pool_options(r)
     r.add_argument("--quiet", action="store_true")
     r.add_argument("--json", action="store_true", help="print the run id, final state and best result as JSON "
                    "on stdout (everything else goes to stderr)")
@@ -144,6 +146,7 @@ def add_run_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("run_id", help="run id, a unique prefix of it, or a run directory's path")
     s.add_argument("--force", action="store_true", help="resume even if the task package changed")
     s.add_argument("--quiet", action="store_true")
+    add_pool_options(s)
     s.add_argument("--json", action="store_true", help="as for run")
     add_runs_dir(s)
     s.set_defaults(fn=cmd_resume)

@@ -11,7 +11,7 @@ from typing import Optional
 from rich.console import Console
 from rich.table import Table
 
-from optagent.schema import CaseResult, Device, EvalResult, FloorKind, Isolation, Mechanism, Status, Timing
+from optagent.schema import CaseResult, Costs, Device, EvalResult, FloorKind, Isolation, Mechanism, Status, Timing
 
 STATUS_STYLE = {Status.PASSED: "green", Status.INCORRECT: "red", Status.COMPILE_ERROR: "red",
                 Status.RUNTIME_ERROR: "red", Status.TIMEOUT: "yellow", Status.REJECTED: "bold red",
@@ -105,6 +105,13 @@ def isolation_line(iso: Isolation) -> str:
     return f"isolation: {iso.mechanism.value} ({'+'.join(kept)} namespaces, {fs}){tail}"
 
 
+def cost_line(costs: Costs, wall_s: float) -> str:
+    """Where the evaluation's seconds went, the parts that took any."""
+    parts = [f"{name.replace('_', ' ')} {getattr(costs, name):.1f}" for name in type(costs).model_fields
+             if getattr(costs, name) >= 0.05]
+    return f"cost {wall_s:.1f} s: " + ", ".join(parts)
+
+
 def print_eval(con: Console, result: EvalResult) -> None:
     if result.cases:
         con.print(eval_table(result))
@@ -119,6 +126,8 @@ def print_eval(con: Console, result: EvalResult) -> None:
         line += f"  (baseline: {result.baseline_label})"
     con.print(line, soft_wrap=True)
     con.print(isolation_line(result.isolation), soft_wrap=True)
+    if result.costs:
+        con.print(cost_line(result.costs, result.wall_s), soft_wrap=True, markup=False)
     if any(_slow(c.time) or _slow(c.baseline) for c in result.cases):
         con.print("* eager time taken while the host ran slower than usual for most calls (see host_speed.py)")
     if result.status is not Status.PASSED and result.log_tail:

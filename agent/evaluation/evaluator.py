@@ -13,17 +13,20 @@ import re
 import secrets
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from optagent.cache import cache_root, write_json
 from optagent.evaluation.checks import python_syntax_error, redact, static_verdict
 from optagent.worker.interpreter_faults import source_uses_fp8
 from optagent.evaluation import isolation
+from optagent.evaluation.cost_clock import CostClock
+from optagent.evaluation.lanes import Control
 from optagent.evaluation.limits import limits_for, record
 from optagent.evaluation.sandbox import WorkerRun, keep_scratch, new_scratch, remove_scratch, run_worker
 from optagent.evaluation.verdict import assemble
-from optagent.messages import CaseSpec, Done, Job, Probed, TimingSpec, WorkerError
+from optagent.messages import Baseline, CaseSpec, Done, Job, Probed, TimingSpec, WorkerError
 from optagent.progress import Phase, PipeRelay, Progress, ProgressSink
 from optagent.schema import CaseKind, Device, EvalResult, Isolation, Language, Status
 from optagent.task import TaskError, TaskPackage
@@ -102,6 +105,14 @@ class SandboxEvaluator:
 
     def evaluate(self, source: str, language: Language, progress: Optional[ProgressSink] = None) -> EvalResult:
         """progress, when given, hears each phase of the evaluation as it starts."""
+        return self.evaluate_on(source, language, progress)
+
+    def evaluate_on(self, source: str, language: Language, progress: Optional[ProgressSink] = None, *,
+                    gate: Optional[Control] = None, control: Optional[Control] = None,
+                    baselines: Optional[Callable[[], list[Baseline]]] = None) -> EvalResult:
+        """evaluate, as a pool runs it: the candidate process behind `gate` (its lane) and the judge
+        under `control` (the lane's device, the pool's stop flag); `baselines` gives its lane's
+        baseline timings (evaluation/pool.py), which the candidate process then does not take."""
         start = time.monotonic()
         relay = PipeRelay(progress, self.cases) if progress else None
         sha = hashlib.sha256(source.encode()).hexdigest()
@@ -117,28 +128,56 @@ class SandboxEvaluator:
             return EvalResult(status=Status.REJECTED, reason=f"rejected before running: {why}", **common,
                               cases=[], wall_s=time.monotonic() - start)
         scratch, nonce = new_scratch(self.scratch_root)
+        clock = CostClock()
         try:
             src = scratch / f"candidate{language.ext}"
             src.write_text(source, encoding="utf-8")
             (scratch / "outputs").mkdir()
-            job = Job(mode="candidate", task_dir=str(self.task.root), device=self.device, language=language,
-                      source_path=str(src), cases=self.cases, seed=secrets.randbits(40), nonce=nonce,
-                      scratch=str(scratch), timing=self.timing, compiler=self.compiler,
-                      outputs_dir=str(scratch / "outputs"), source_fp8=source_uses_fp8(source))
+            job = self._job("candidate", scratch, nonce, language=language, source_path=str(src),
+                            outputs_dir=str(scratch / "outputs"), source_fp8=source_uses_fp8(source),
+                            time_baseline=baselines is None)
             if progress:
                 progress(Progress(phase=Phase.STARTING))
-            run = run_worker(job, self.timeout_s, on_message=relay)
-            result = assemble(job, run, lambda jjob: self._judge(jjob, relay), source_sha256=sha,
-                              timeout_s=self.timeout_s, started=start)
+            heard = [f for f in (relay, clock, gate.on_message if gate else None) if f]
+            run = run_worker(job, self.timeout_s, on_message=lambda m: [f(m) for f in heard], control=gate)
+            clock.worker_ended()
+            clock.lane_wait_s = gate.waited_s() if gate else 0.0
+            if baselines is not None:
+                t0 = time.monotonic()
+                run = replace(run, messages=[*baselines(), *run.messages])  # a second one told is a forgery
+                clock.baseline_wait_s = time.monotonic() - t0
+
+            def judged(jjob: Job) -> WorkerRun:
+                t0 = time.monotonic()
+                try:
+                    return self._judge(jjob, relay, control)
+                finally:
+                    clock.judge_s = time.monotonic() - t0
+            result = assemble(job, run, judged, source_sha256=sha, timeout_s=self.timeout_s, started=start)
         finally:
             (keep_scratch if self.keep else remove_scratch)(scratch)
+        result = result.model_copy(update={"costs": clock.costs()})
         # A kernel that reads a secret and raises it would put it in a reason or the log.
         return EvalResult.model_validate_json(redact(result.model_dump_json()))
 
-    def _judge(self, job: Job, relay: Optional[PipeRelay]) -> WorkerRun:
+    def time_baselines(self, gate: Optional[Control] = None) -> WorkerRun:
+        """The baseline job: the baselines alone, in a process with no candidate code, in `gate`'s lane."""
+        scratch, nonce = new_scratch(self.scratch_root)
+        try:
+            return run_worker(self._job("baseline", scratch, nonce), self.timeout_s,
+                              on_message=gate.on_message if gate else None, control=gate)
+        finally:
+            remove_scratch(scratch)
+
+    def _job(self, mode: str, scratch: Path, nonce: str, **fields) -> Job:
+        return Job(mode=mode, task_dir=str(self.task.root), device=self.device, cases=self.cases,
+                   seed=secrets.randbits(40), nonce=nonce, scratch=str(scratch), timing=self.timing,
+                   compiler=self.compiler, **fields)
+
+    def _judge(self, job: Job, relay: Optional[PipeRelay], control: Optional[Control] = None) -> WorkerRun:
         if relay:
             relay.judging(job.cases)
-        return run_worker(job, self.timeout_s, on_message=relay)
+        return run_worker(job, self.timeout_s, on_message=relay, control=control)
 
 
 def probe_task(task: TaskPackage, timeout_s: float = 600.0, cached: bool = False) -> Probed:

@@ -185,9 +185,12 @@ def wrap(argv: list[str], env: dict[str, str], mech: Mechanism, scratch: Path, d
 def worker_env(env: dict[str, str], mech: Mechanism, scratch: Path) -> dict[str, str]:
     """The worker's environment under `mech`: caches it must write point into its scratch directory."""
     env = {**env, "OPTAGENT_CACHE": str(cache_root())}  # the same cache, whatever HOME says inside
+    # Compiler caches per evaluation under every mechanism: concurrent evaluations (a pool) never
+    # share one, and no kernel leaves a cached binary for another to load.
+    env.update(TRITON_CACHE_DIR=str(scratch / ".triton"), CUDA_CACHE_PATH=str(scratch / ".nv"),
+               TILELANG_CACHE_DIR=str(scratch / ".tilelang"))
     if mech is Mechanism.BWRAP:
-        env.update(TMPDIR="/tmp", TRITON_CACHE_DIR=str(scratch / ".triton"), CUDA_CACHE_PATH=str(scratch / ".nv"),
-                   TILELANG_CACHE_DIR=str(scratch / ".tilelang"), TILELANG_TMP_DIR="/tmp")
+        env.update(TMPDIR="/tmp", TILELANG_TMP_DIR="/tmp")
     return env
 
 

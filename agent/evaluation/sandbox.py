@@ -25,6 +25,7 @@ from typing import Callable, Optional, Union
 
 from optagent.cache import cache_root
 from optagent.evaluation import isolation
+from optagent.evaluation.lanes import Control, Stopped
 from optagent.evaluation.limits import LogTap, Watch, limits_for, record, rlimits
 # the scratch directories' own module; callers have always found them here
 from optagent.evaluation.scratch import (OWNER, keep_scratch, new_scratch, remove_scratch, scratch_base,  # noqa: F401
@@ -101,9 +102,12 @@ def _kill_marked(marker: str) -> None:
             continue
 
 
-def run_worker(job: Job, timeout_s: float, on_message: Optional[Callable[[Message], None]] = None) -> WorkerRun:
+def run_worker(job: Job, timeout_s: float, on_message: Optional[Callable[[Message], None]] = None,
+               control: Optional[Control] = None) -> WorkerRun:
     """Run one worker to its end; on_message sees each of its messages as it arrives (for live
-    progress only: the returned messages are parsed again, from everything the pipe carried)."""
+    progress only: the returned messages are parsed again, from everything the pipe carried).
+    control (a pool's, evaluation/lanes.py): its device and lane gate, and a stop flag; the time
+    the worker waits for its lane does not count against timeout_s."""
     scratch = Path(job.scratch)
     scratch.mkdir(parents=True, exist_ok=True)
     job_file = scratch / f"job-{job.mode}.json"
@@ -114,18 +118,22 @@ def run_worker(job: Job, timeout_s: float, on_message: Optional[Callable[[Messag
     mech = isolation.mechanism()
     limits = limits_for(job.device)
     argv, env = _command(job, scratch, job_file, wfd, marker, mech, limits)
+    control = control or Control()
+    env.update(control.env)
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(argv, pass_fds=(wfd,), start_new_session=True, env=env, cwd=scratch,
+        proc = subprocess.Popen(argv, pass_fds=(wfd, *control.fds), start_new_session=True, env=env, cwd=scratch,
                                 stdin=subprocess.DEVNULL, stdout=log_w, stderr=subprocess.STDOUT,
                                 preexec_fn=_die_with_parent)
     except BaseException:
         os.close(lfd)
         os.close(rfd)
+        control.close()
         raise
     finally:
         os.close(wfd)
         os.close(log_w)
+        control.spawned()
     tap = LogTap(lfd, scratch / f"{job.mode}.log", limits.output_bytes)
     watch = Watch(proc.pid, limits, tap, job.mode)
     limit: Optional[str] = None
@@ -136,10 +144,12 @@ def run_worker(job: Job, timeout_s: float, on_message: Optional[Callable[[Messag
     pending = b""
     try:
         while True:
-            left = deadline - time.monotonic()
+            left = deadline + control.waited_s() - time.monotonic()
             if left <= 0:
                 timed_out = True
                 break
+            if control.stopped():
+                raise Stopped(f"the {job.mode} process was stopped")
             limit = watch.check()
             if limit:
                 break
@@ -174,6 +184,7 @@ def run_worker(job: Job, timeout_s: float, on_message: Optional[Callable[[Messag
         limit = limit or late
         _killpg(proc.pid)  # children the worker left behind in its group
         _kill_marked(marker)
+        control.close()  # its lane, if it held one, is free
         tail = tap.close()[-4000:]  # read from memory, never the whole log
     messages, foreign = parse_messages(b"".join(chunks), job.nonce)
     iso = record(isolation.describe(mech), limits)

@@ -15,7 +15,7 @@ from typing import Callable, Optional, TypeVar, Union
 from optagent.evaluation.limits import over_memory
 from optagent.evaluation.sandbox import WorkerRun
 from optagent.messages import (Baseline, CaseFailed, CaseRan, CaseSpec, CaseStart, Compiled, Done, Hello, Integrity,
-                               Job, Verdict, WorkerError)
+                               Job, LaneReleased, LaneWanted, Verdict, WorkerError)
 from optagent.schema import CaseResult, Device, EvalResult, FloorKind, Isolation, Status, worst
 
 # Triton compiles at the first call; under the CPU interpreter the same mistakes
@@ -27,8 +27,9 @@ COMPILE_FAILURE = re.compile(r"CompilationError|CompileError|InterpreterError: (
 # good kernel may beat.
 FLOOR_MARGIN = 0.9
 # Each of these is told once per run (per case where it names one): a second is not the harness's.
+# Lane messages once per phase: a forged release would let a neighbour time beside this process.
 ONCE = (("hello", Hello), ("baseline", Baseline), ("compile", Compiled), ("case", (CaseRan, CaseFailed)),
-        ("done", Done))
+        ("done", Done), ("lane_wanted", LaneWanted), ("lane_released", LaneReleased))
 
 # A frame of the candidate's own file (the backends copy it to candidate_<n>_<case>.py; the harness
 # module is candidate.py, without the underscore).
@@ -52,7 +53,7 @@ def forged(run: WorkerRun) -> Optional[str]:
     if run.foreign_lines:
         return f"the result channel carried {run.foreign_lines} line(s) not written by the harness (forged results)"
     for name, kinds in ONCE:
-        keys = [getattr(m, "case", name) for m in run.all(kinds)]
+        keys = [getattr(m, "case", getattr(m, "phase", name)) for m in run.all(kinds)]
         if len(keys) != len(set(keys)):
             return f"the result channel carried a second {name!r} message (forged results)"
     return None

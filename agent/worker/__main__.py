@@ -1,11 +1,12 @@
 """Child side of an evaluation: ``python -m optagent.worker JOB_FILE RESULT_FD``.
 
-Three modes. ``candidate`` (untrusted: the kernel is loaded here) times the
+Four modes. ``candidate`` (untrusted: the kernel is loaded here) times the
 baseline before any candidate code exists in the process, then per case loads
 a fresh copy of the kernel, runs it on the package's inputs and on freshly
 drawn ones, times it, and saves its outputs. ``judge`` (trusted: never loads the
 candidate) rebuilds the same inputs from the seeds, computes the references and
-gives the verdicts. ``probe`` loads a package for ``optagent task validate``.
+gives the verdicts. ``baseline`` times the baselines alone (a pool's, once per
+lane). ``probe`` loads a package for ``optagent task validate``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from optagent.worker import lane  # noqa: F401 (first: its clock starts the cost split's imports)
 from optagent.messages import Channel, Job, WorkerError
 from optagent.worker.limits import apply_rlimits
 
@@ -30,6 +32,10 @@ def main() -> None:
             from optagent.worker.candidate import Candidate
 
             Candidate(job, chan).run()
+        elif job.mode == "baseline":
+            from optagent.worker.candidate import Candidate
+
+            Candidate(job, chan).run_baselines()
         elif job.mode == "judge":
             from optagent.worker.judge import judge
 

@@ -1,10 +1,11 @@
 """The candidate process (untrusted): baseline first, then the kernel, case by case.
 
-The baseline is timed before any candidate code exists in the process. Then the
-process is locked down (import blocker, audit guard) and, per case, a fresh copy
-of the kernel runs on the package's inputs and on fresh ones (outputs poisoned,
-inputs compared bitwise), and is timed with inputs redrawn and outputs
-re-poisoned after every call. Every output the judge will check is saved with
+The baseline is timed before any candidate code exists in the process (or, in a pool,
+once per lane in a process of its own: the baseline job). Then the process is locked
+down (import blocker, audit guard) and, per case, a fresh copy of the kernel runs on
+the package's inputs and on fresh ones (outputs poisoned, inputs compared bitwise);
+once every case passed its checks, the timed cases are timed in one hold of the timing
+lane (worker/lane.py), with inputs redrawn and outputs re-poisoned after every call. Every output the judge will check is saved with
 the seeds that rebuild its inputs and a sha256 that proves it was not rewritten.
 """
 
@@ -14,6 +15,7 @@ import hashlib
 import io
 import random
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -22,6 +24,7 @@ from optagent.worker import bench, compiler_facts
 from optagent.worker.backends import CompileError, Refused, Unsupported, backend_for
 from optagent.worker.guard import lock_imports, watch_host_compute
 from optagent.worker.harness import TaskRuntime, float_scales, poison, refresh_floats, run_baseline, same_bits
+from optagent.worker.lane import STARTED, lane
 from optagent.messages import (Baseline, CaseFailed, CaseRan, CaseSpec, CaseStart, Channel, Compiled, Done, Hello,
                                Integrity, Job, Phase, PhaseStarted, Sample)
 from optagent.schema import CaseKind, Device, Status, Timing
@@ -48,11 +51,13 @@ class Candidate:
         self.rng = random.Random()  # not the job's seed: the kernel cannot predict which calls are checked
 
     def run(self) -> None:
-        job, chan, rt = self.job, self.chan, self.rt
-        facts = bench.gpu_facts() if job.device is Device.CUDA else None
-        name = torch.cuda.get_device_name(0) if job.device is Device.CUDA else Device.CPU.value
-        chan.send(Hello(baseline_label=rt.baseline_label, device_name=name, gpu=facts))
-        self._baselines()
+        """Baselines (unless the pool times them once per lane), compile, every case run and
+        checked, then every timed case timed in one hold of the timing lane (worker/lane.py)."""
+        job, chan = self.job, self.chan
+        self._hello()
+        if job.time_baseline:
+            with lane(chan, Phase.BASELINE):  # before any candidate code exists in the process
+                self._baselines()
         backend = backend_for(job.language, job.device, job.compiler, job.compile_timeout_s)
         lock_imports(report=lambda why: chan.send(Integrity(reason=why)))
         chan.send(PhaseStarted(phase=Phase.COMPILING))
@@ -64,6 +69,7 @@ class Candidate:
             return
         chan.send(Compiled(status=Status.PASSED))
         threads = _threads()
+        checked = []  # (n, case, samples, load_ms) of the cases still to time
         for n, case in enumerate(job.cases):
             chan.send(CaseStart(case=case.label))
             t0 = bench.perf_counter()
@@ -75,23 +81,55 @@ class Candidate:
                 return
             load_ms = (bench.perf_counter() - t0) * 1e3
             samples = self._checked_runs(n, case, fn)
-            if samples is None:
+            if samples is None or not self._no_new_threads(threads):
                 return
-            timings: dict = {}
-            if case.kind is not CaseKind.HIDDEN:
-                chan.send(PhaseStarted(phase=Phase.TIMING, case=case.label))
-                timed, timings = self._timed(case, fn, backend)
-                samples += timed
-            kernels = compiler_facts.collect(backend) if job.device is Device.CUDA else []
-            chan.send(CaseRan(case=case.label, samples=samples, load_ms=load_ms, kernels=kernels, **timings))
-            self.sync()
-            if _threads() - threads:
-                chan.send(Integrity(reason="left background threads running after run_kernel returned"))
-                return
+            if case.kind is CaseKind.HIDDEN:
+                chan.send(CaseRan(case=case.label, samples=samples, load_ms=load_ms, kernels=self._facts(backend)))
+            else:
+                checked.append((n, case, samples, load_ms))
+        if checked:
+            with lane(chan, Phase.TIMING):  # every case checked: only now is the lane worth taking
+                for n, case, samples, load_ms in checked:
+                    chan.send(PhaseStarted(phase=Phase.TIMING, case=case.label))
+                    try:  # a fresh copy again: loading the next case dropped the checked one's module
+                        fn = backend.load_fresh(f"{n}_{case.label}_timed")
+                    except (CompileError, Unsupported) as e:
+                        status = Status.UNSUPPORTED if isinstance(e, Unsupported) else Status.COMPILE_ERROR
+                        chan.send(CaseFailed(case=case.label, status=status, reason=str(e)))
+                        return
+                    timed, timings = self._timed(case, fn, backend)
+                    chan.send(CaseRan(case=case.label, samples=samples + timed, load_ms=load_ms,
+                                      kernels=self._facts(backend), **timings))
+                    if not self._no_new_threads(threads):
+                        return
         patched = bench.patched_timers()
         if patched:
             chan.send(Integrity(reason=f"patched the harness's timers ({', '.join(patched)})"))
         chan.send(Done())
+
+    def run_baselines(self) -> None:
+        """The baseline job: the baselines alone, timed in the lane; no candidate code in this process."""
+        self._hello()
+        with lane(self.chan, Phase.BASELINE):
+            self._baselines()
+        self.chan.send(Done())
+
+    def _hello(self) -> None:
+        job, rt = self.job, self.rt
+        facts = bench.gpu_facts() if job.device is Device.CUDA else None
+        name = torch.cuda.get_device_name(0) if job.device is Device.CUDA else Device.CPU.value
+        self.chan.send(Hello(baseline_label=rt.baseline_label, device_name=name, gpu=facts,
+                             import_s=time.monotonic() - STARTED))
+
+    def _no_new_threads(self, before: set[int]) -> bool:
+        self.sync()
+        if _threads() - before:
+            self.chan.send(Integrity(reason="left background threads running after run_kernel returned"))
+            return False
+        return True
+
+    def _facts(self, backend) -> list:
+        return compiler_facts.collect(backend) if self.job.device is Device.CUDA else []
 
     def _baselines(self) -> None:
         rt, t = self.rt, self.job.timing

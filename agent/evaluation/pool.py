@@ -1,0 +1,194 @@
+"""The local evaluation pool: a round's candidates evaluated at once, timed one lane per GPU.
+
+Each evaluation is today's (evaluator.py): a sandboxed candidate process, then the judge,
+driven by a thread of the pool. Up to `jobs` run at once, so one's compiling and checking
+(CPU work) overlaps another's; their timed phases wait for their lane (lanes.py), one per
+visible GPU, each process pinned to its lane's GPU. On the CPU there is one lane by default
+(CPU times are labels, not rankings: OPTAGENT_CPU_LANES makes more, for tests).
+
+The baselines are timed once per lane, in a process of their own (the baseline job: no
+candidate code in it, as before when they were timed first in the candidate process) and
+reused by every evaluation on that lane until the host drifts: the parent's host-speed
+probe (worker/host_speed.py) runs more than SLACK off its speed at the baseline's time, the
+baseline was itself taken on a slow host, or it is MAX_AGE_S old. Why: the lane is the
+shared resource, and the baselines took a quarter to a third of a candidate's time in it
+(CPU, measured: 0.34 s of 1.34 s; a GPU times them eagerly only, the kernel also by graph
+replay); and candidates timed on one lane now share one baseline timing, so their speedups
+compare as their times do.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Iterator, Optional, Sequence
+
+from optagent.cli.inputs import env_number
+from optagent.evaluation.evaluator import SandboxEvaluator
+from optagent.evaluation.lanes import Control, Gate, Lane, OrderedLane, visible_gpus
+from optagent.messages import Baseline, Done
+from optagent.progress import Progress, ProgressSink, stamped
+from optagent.protocols import PoolJob
+from optagent.schema import Device, EvalResult
+from optagent.worker import host_speed
+
+CPU_LANES_ENV = "OPTAGENT_CPU_LANES"
+MAX_AGE_S = 900.0  # GPU clocks and neighbours drift in ways the host probe does not see
+PROBES = 50  # the parent's host probe: the fastest of this many ~10 us runs
+
+
+def default_jobs(lanes: int) -> int:
+    """Evaluations at once: two processes a lane keep each lane busy while others compile (a
+    candidate spends most of its time outside the lane), bounded by half the cores (torch's
+    import and Triton's compiler are CPU work) and never below 2, so a round overlaps."""
+    return max(2, min(2 * lanes + 2, (os.cpu_count() or 2) // 2))
+
+
+def lane_devices(device: Device) -> list[Optional[str]]:
+    if device is Device.CUDA:
+        return list(visible_gpus()) or [None]  # None: whatever the process sees
+    n = env_number(CPU_LANES_ENV)
+    return [None] * max(1, int(n or 1))
+
+
+@dataclass
+class LaneBaseline:
+    baselines: list[Baseline]
+    probe_us: float
+    at: float
+    slow: bool  # taken while the host ran slow
+
+
+class LocalPool:
+    def __init__(self, evaluator: SandboxEvaluator, jobs: Optional[int] = None,
+                 devices: Optional[list[Optional[str]]] = None):
+        """devices: one a lane (a CUDA_VISIBLE_DEVICES entry, or None); default lane_devices()."""
+        devices = devices if devices is not None else lane_devices(evaluator.device)
+        self.evaluator = evaluator
+        self.lane_list = [Lane(i, d) for i, d in enumerate(devices)]
+        self.lanes = len(self.lane_list)
+        self.jobs = jobs or default_jobs(self.lanes)
+        self._executor = ThreadPoolExecutor(self.jobs, thread_name_prefix="optagent-eval")
+        self._busy = [0] * self.lanes  # evaluations in flight per lane: a new one goes to the least busy
+        self._lock = threading.Lock()
+        self._baselines: dict[int, Future] = {}
+        self.baseline_runs = 0  # how many times a baseline job ran (bench/, tests)
+
+    @property
+    def planned_isolation(self):
+        return self.evaluator.planned_isolation
+
+    def evaluate(self, jobs: Sequence[PoolJob], progress: Optional[ProgressSink] = None
+                 ) -> Iterator[tuple[PoolJob, EvalResult]]:
+        stop = threading.Event()
+        sink = _serialised(progress)
+        futures = {self._executor.submit(self._one, job, None, stop, sink): job for job in jobs}
+        try:
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for f in done:
+                    yield futures[f], f.result()
+        finally:  # the caller stopped early (Ctrl-C, an error): no evaluation of this call outlives it
+            stop.set()
+            for f in futures:
+                f.cancel()
+
+    def retime(self, jobs: Sequence[PoolJob], progress: Optional[ProgressSink] = None) -> list[EvalResult]:
+        """All on lane 0, held for the whole batch; compiled at once, timed back to back in order."""
+        lane = self.lane_list[0]
+        base = self._baseline(lane)
+        wait([base])  # before the lane is held: the baseline job times in it too
+        stop = threading.Event()
+        sink = _serialised(progress)
+        token = ("retime", object())
+        lane.acquire(token)
+        try:
+            ordered = OrderedLane(lane, list(range(len(jobs))))
+            futures = [self._executor.submit(self._one, job, (ordered, i, base), stop, sink)
+                       for i, job in enumerate(jobs)]
+            return [f.result() for f in futures]
+        finally:
+            stop.set()
+            lane.release(token)
+
+    def _one(self, job: PoolJob, fixed, stop: threading.Event, sink: Optional[ProgressSink]) -> EvalResult:
+        if fixed is not None:
+            lane, who, base = fixed
+        else:
+            with self._lock:
+                index = min(range(self.lanes), key=lambda i: self._busy[i])
+                self._busy[index] += 1
+            lane, who, base = self.lane_list[index], object(), None
+        try:
+            future = base if base is not None else self._baseline(lane)
+            return self.evaluator.evaluate_on(
+                job.source, job.language, stamped(sink, step=job.key), gate=Gate(lane, who, stop),
+                control=Control(lane.device, stop), baselines=lambda: _baselines_of(future))
+        finally:
+            if fixed is None:
+                with self._lock:
+                    self._busy[lane.index] -= 1
+
+    def _baseline(self, lane: Lane) -> Future:
+        """The lane's baseline timing: the current one while fresh, else a new baseline job, started now."""
+        with self._lock:
+            current = self._baselines.get(lane.index)
+            if current is None or (current.done() and not _fresh(current)):
+                current = Future()
+                self._baselines[lane.index] = current
+                self.baseline_runs += 1
+                threading.Thread(target=self._time_baselines, args=(lane, current), daemon=True,
+                                 name="optagent-baseline").start()
+            return current
+
+    def _time_baselines(self, lane: Lane, out: Future) -> None:
+        try:
+            probe = _host_probe()
+            run = self.evaluator.time_baselines(Gate(lane, ("baseline", object())))
+            got = run.all(Baseline) if run.first(Done) else []
+            slow = any(b.timing.host_slow for b in got)
+            out.set_result(LaneBaseline(got, probe, time.monotonic(), slow) if got else None)
+        except BaseException as e:  # the evaluations waiting for it get no baseline, and say nothing false
+            out.set_exception(e)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _baselines_of(future: Future) -> list[Baseline]:
+    try:
+        got = future.result()
+    except Exception:
+        return []
+    return list(got.baselines) if got else []
+
+
+def _fresh(future: Future) -> bool:
+    try:
+        got: Optional[LaneBaseline] = future.result()
+    except Exception:
+        return False
+    if got is None or got.slow or time.monotonic() - got.at > MAX_AGE_S:
+        return False
+    now = _host_probe()
+    return now <= host_speed.SLACK * got.probe_us and got.probe_us <= host_speed.SLACK * now
+
+
+def _host_probe() -> float:
+    return min(host_speed.probe_us() for _ in range(PROBES))
+
+
+def _serialised(sink: Optional[ProgressSink]) -> Optional[ProgressSink]:
+    """Progress from several evaluation threads, one event at a time."""
+    if sink is None:
+        return None
+    lock = threading.Lock()
+
+    def one(event: Progress) -> None:
+        with lock:
+            sink(event)
+    return one

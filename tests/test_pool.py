@@ -1,0 +1,178 @@
+"""The local evaluation pool on CPU: K evaluations at once, timing serialised per lane (2 lanes here)."""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from optagent.cli.main import main
+from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
+from optagent.evaluation.lanes import Gate, Hold, Lane, OrderedLane
+from optagent.evaluation.pool import LocalPool
+from optagent.messages import LaneReleased, LaneWanted, Phase
+from optagent.protocols import Pool, PoolJob
+from optagent.schema import Language, Status
+from optagent.task import load_task
+
+ATTACKS = Path(__file__).resolve().parent / "attacks"
+RUN_KERNEL = "def run_kernel(\n"
+# after its two checked calls (the package's inputs, fresh ones), the kernel is being timed
+IN_TIMING = "    run_kernel.calls = getattr(run_kernel, 'calls', 0) + 1\n    if run_kernel.calls > 2:\n"
+
+
+@pytest.fixture(scope="module")
+def task(task_dir):
+    return load_task(task_dir)
+
+
+@pytest.fixture(scope="module")
+def starter(task):
+    return task.starter(Language.TRITON).source
+
+
+def with_body(starter: str, prologue: str) -> str:
+    head, sep, rest = starter.partition(RUN_KERNEL)
+    signature, colon, body = rest.partition("):\n")
+    return head + sep + signature + colon + prologue + body
+
+
+def evaluator(task, timeout: float = 150.0) -> SandboxEvaluator:
+    # the scan off: the attack must reach the process, to be judged there beside its neighbours
+    return SandboxEvaluator(task, "cpu", select_cases(task, "cpu", 0, None, hidden=False)[:1], timeout_s=timeout,
+                            static_scan=False)
+
+
+def overlapping(holds: list[Hold]) -> bool:
+    spans = sorted((h.granted, h.released) for h in holds)
+    return any(b[0] < a[1] for a, b in zip(spans, spans[1:]))
+
+
+# ------------------------------------------------------------------ the lanes themselves (no process)
+
+def granted(gate: Gate, wait_s: float = 2.0) -> bool:
+    ready, _, _ = select.select([gate.fds[0]], [], [], wait_s)
+    return bool(ready) and os.read(gate.fds[0], 1) == b"\x01"
+
+
+def test_two_lanes_time_at_once_one_lane_one_at_a_time():
+    lane0, lane1 = Lane(0, "0"), Lane(1, "1")
+    a, b, c = Gate(lane0, "a"), Gate(lane1, "b"), Gate(lane0, "c")
+    assert a.env["CUDA_VISIBLE_DEVICES"] == "0" and b.env["CUDA_VISIBLE_DEVICES"] == "1"
+    for g in (a, b, c):
+        g.on_message(LaneWanted(phase=Phase.TIMING))
+    assert granted(a) and granted(b)  # one on each GPU, at once
+    assert not granted(c, 0.5)  # lane 0 is a's
+    assert c.waited_s() > 0.4
+    a.close()  # a's process died holding the lane: it is free
+    assert granted(c)
+    c.on_message(LaneReleased(phase=Phase.TIMING))
+    b.on_message(LaneReleased(phase=Phase.TIMING))
+    for g in (b, c):
+        g.close()
+    assert all(h.released for h in lane0.holds + lane1.holds)
+    assert not overlapping(lane0.holds) and [h.who for h in lane0.holds] == ["a", "c"]
+    assert lane0.holds[0].granted < lane1.holds[0].released and lane1.holds[0].granted < lane0.holds[0].released
+
+
+def test_an_ordered_lane_grants_in_order_and_skips_a_finished_turn():
+    base = Lane(0, None)
+    ordered = OrderedLane(base, [0, 1, 2])
+    gates = [Gate(ordered, i) for i in range(3)]
+    gates[2].on_message(LaneWanted(phase=Phase.TIMING))
+    assert not granted(gates[2], 0.3)  # 0 and 1 come first
+    gates[0].close()  # 0 ended before it timed (a compile error): its turn passes
+    gates[1].on_message(LaneWanted(phase=Phase.TIMING))
+    assert granted(gates[1]) and not granted(gates[2], 0.3)
+    gates[1].on_message(LaneReleased(phase=Phase.TIMING))
+    assert granted(gates[2])
+    gates[2].close()
+    assert [h.who for h in base.holds] == [1, 2] and not overlapping(base.holds)
+
+
+# ------------------------------------------------------------------ real evaluations, 2 lanes, K = 4
+
+@pytest.fixture(scope="module")
+def round_of_four(task, starter):
+    pool = LocalPool(evaluator(task), jobs=4, devices=[None, None])
+    assert isinstance(pool, Pool) and pool.lanes == 2
+    dies = with_body(starter, "    import os\n" + IN_TIMING + "        os.abort()\n")
+    jobs = [PoolJob(0, starter, Language.TRITON), PoolJob(1, (ATTACKS / "fork_bomb.py").read_text(), Language.TRITON),
+            PoolJob(2, dies, Language.TRITON), PoolJob(3, starter, Language.TRITON)]
+    t0 = time.monotonic()
+    seen = [(job.key, result) for job, result in pool.evaluate(jobs)]
+    wall = time.monotonic() - t0
+    pool.close()
+    return pool, seen, wall
+
+
+def test_every_job_is_yielded_once_with_its_own_verdict(round_of_four):
+    _, seen, _ = round_of_four
+    assert sorted(k for k, _ in seen) == [0, 1, 2, 3]
+    got = dict(seen)
+    for k in (0, 3):
+        assert got[k].status is Status.PASSED, got[k].reason  # neighbours of the attack and the crash
+        assert all(c.time_us and c.baseline_us for c in got[k].cases)
+    assert got[1].status is Status.REJECTED and "fork" in got[1].reason  # the audit guard, as without a pool
+    assert got[2].status is Status.RUNTIME_ERROR and "SIGABRT" in got[2].reason
+
+
+def test_timing_never_overlaps_on_a_lane_and_a_dead_holder_frees_it(round_of_four):
+    pool, _, _ = round_of_four
+    for lane in pool.lane_list:
+        assert lane.holds, f"lane {lane.index} timed nothing"
+        assert all(h.released for h in lane.holds)  # the process that aborted mid-timing released too
+        assert not overlapping(lane.holds)
+    assert pool.baseline_runs == 2  # once per lane, reused
+
+
+def test_the_cost_split_is_present_and_sums_to_about_wall_s(round_of_four):
+    _, seen, _ = round_of_four
+    for key, result in seen:
+        if result.status is Status.PASSED:
+            c = result.costs
+            assert c.imports > 0 and c.correctness > 0 and c.timing > 0 and c.judge > 0
+            assert abs(c.total - result.wall_s) < max(1.5, 0.1 * result.wall_s), (c, result.wall_s)
+
+
+def test_retime_runs_back_to_back_on_one_lane_in_order(task, starter):
+    pool = LocalPool(evaluator(task), jobs=2, devices=[None, None])
+    slower = with_body(starter, "    import time\n    time.sleep(0.3)\n")
+    results = pool.retime([PoolJob(5, starter, Language.TRITON), PoolJob(6, slower, Language.TRITON)])
+    pool.close()
+    assert [r.status for r in results] == [Status.PASSED, Status.PASSED]
+    assert results[1].cases[0].time_us > results[0].cases[0].time_us  # in the order given
+    holds = pool.lane_list[0].holds
+    ours = [h for h in holds if isinstance(h.who, int)]
+    assert [h.who for h in ours] == [0, 1] and not overlapping(ours)
+    retime = next(h for h in holds if isinstance(h.who, tuple) and h.who[0] == "retime")
+    assert all(retime.granted <= h.granted and h.released <= retime.released for h in ours)  # nothing between
+    assert not pool.lane_list[1].holds
+    assert results[0].cases[0].baseline_us == results[1].cases[0].baseline_us  # one baseline: side by side
+
+
+def test_waiting_for_the_lane_does_not_count_against_the_timeout(task, starter):
+    timeout = 60.0
+    pool = LocalPool(evaluator(task, timeout=timeout), jobs=2, devices=[None])
+    hangs = with_body(starter, IN_TIMING + "        while True:\n            pass\n")
+    late = with_body(starter, "    import time\n    run_kernel.calls = getattr(run_kernel, 'calls', 0) + 1\n"
+                              "    if run_kernel.calls <= 2:\n        time.sleep(4)\n")  # asks for the lane after the hanger
+    got = {job.key: r for job, r in pool.evaluate([PoolJob(0, hangs, Language.TRITON),
+                                                    PoolJob(1, late, Language.TRITON)])}
+    pool.close()
+    assert got[0].status is Status.TIMEOUT
+    assert got[1].status is Status.PASSED, got[1].reason
+    assert got[1].costs.lane_wait > 10 and got[1].wall_s > timeout  # it waited for the hanger's timeout
+
+
+def test_eval_prints_the_cost_split(task_dir, capsys):
+    kernel = task_dir / "starter" / "decode_triton.py"
+    code = main(["eval", str(task_dir), str(kernel), "--device", "cpu", "--no-hidden", "--json"])
+    out = capsys.readouterr()
+    assert code == 0
+    assert "cost " in out.err and "imports" in out.err and "judge" in out.err
+    assert '"costs"' in out.out
