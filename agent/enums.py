@@ -36,6 +36,7 @@ class PlannerKind(Word):
     LLM = "llm"
     OFFLINE = "offline"
     REPLAY = "replay"
+    EXTERNAL = "external"  # an outside agent proposes, through `optagent propose` or the MCP server
 
 
 class Status(str, enum.Enum):

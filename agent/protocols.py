@@ -14,6 +14,10 @@ class PlannerExhausted(Exception):
     """The planner has nothing more worth trying."""
 
 
+class PlannerWaiting(Exception):
+    """The planner's proposals come from outside (an agent), and it has none now: the run pauses."""
+
+
 @dataclass
 class Attempt:
     """One past step, as a planner sees it (hidden cases already redacted)."""

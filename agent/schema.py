@@ -286,6 +286,7 @@ class RunStatus(str, enum.Enum):
     INTERRUPTED = "INTERRUPTED"
     EXHAUSTED = "EXHAUSTED"  # the planner had nothing more to propose
     FAILED = "FAILED"  # no kernel passed, or the planner kept failing
+    WAITING = "WAITING"  # an outside agent's run: every proposal evaluated, waiting for the next round
 
 
 class RunState(Record):

@@ -84,6 +84,10 @@ def build_planner(config: RunConfig, task: TaskPackage) -> Planner:
         except LLMUnreachable as e:
             raise UserError(str(e)) from None
         return LLMPlanner(llm, rules=prompt_rules(config, task))
+    if config.planner is PlannerKind.EXTERNAL:  # an outside agent's run: its rounds come through `propose`
+        from optagent.search.planners.external import ExternalPlanner
+
+        return ExternalPlanner()
     if config.planner is not PlannerKind.OFFLINE:  # AUTO is resolved before a run is recorded
         raise UserError(f"run {config.run_id}: no planner {config.planner.value!r}")
     from optagent.search.planners.offline import OfflinePlanner, run_kernel_params

@@ -22,6 +22,7 @@ from optagent.cli.build import build_evaluator
 from optagent.cli.browse import add_browse_commands
 from optagent.cli.options import add_eval_options, resolve_device
 from optagent.cli.runs import add_run_commands
+from optagent.cli.step_mode import add_step_commands
 from optagent.search.store import RunError
 from optagent.task import TaskError, detect_language, extract_code, load_task
 from optagent.cli.views import console, human_console, print_eval, print_json
@@ -144,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(fn=cmd_eval)
 
     add_run_commands(sub)
+    add_step_commands(sub)
     add_browse_commands(sub)
     from optagent.cli.retime import add_retime_command
 

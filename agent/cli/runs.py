@@ -103,6 +103,8 @@ def cmd_run(a) -> int:
     if planner is PlannerKind.REPLAY and not a.replay:
         raise UserError("--planner replay needs --replay FILE")
     settings = llm_settings_from_env(a.base_url, a.model) if planner is PlannerKind.LLM else None
+    # an outside agent decides when its run ends: the loop's patience would refuse its next round
+    patience = a.max_steps + 1 if planner is PlannerKind.EXTERNAL else a.patience
     config = RunConfig(run_id=new_run_id(task.name), task_dir=str(task.root), task_name=task.name,
                        task_digest=task.digest(), language=language, language_reason=why, device=device,
                        planner=planner,
@@ -110,7 +112,7 @@ def cmd_run(a) -> int:
                        replay_file=str(Path(a.replay).resolve()) if a.replay else None, compiler=a.compiler,
                        request_timeout_s=a.request_timeout, max_tokens=int(a.max_tokens) if a.max_tokens else None,
                        temperature=a.temperature,
-                       cases=a.cases, hidden=not a.no_hidden, timeout_s=a.timeout, min_gain=a.min_gain, patience=a.patience,
+                       cases=a.cases, hidden=not a.no_hidden, timeout_s=a.timeout, min_gain=a.min_gain, patience=patience,
                        max_steps=a.max_steps, time_limit_s=a.time_limit, budget_usd=a.budget_usd)
     evaluator = run_evaluator(config, task)  # a bad --cases fails before a run exists
     root = runs_dir(a.runs_dir)
@@ -122,11 +124,40 @@ def cmd_run(a) -> int:
 def cmd_resume(a) -> int:
     store = RunStore.open(runs_dir(a.runs_dir), a.run_id)
     cfg = store.config
-    task = load_task(cfg.task_dir)
+    if a.task is None and not Path(cfg.task_dir).is_dir():
+        raise RunError(f"run {cfg.run_id}: its task package {cfg.task_dir} is not on this machine "
+                       "(pass --task DIR where it is)")
+    task = load_task(a.task or cfg.task_dir)
     if task.digest() != cfg.task_digest and not a.force:
         raise RunError(f"{task.root}: the task package changed since run {cfg.run_id} started "
                        "(resume with --force to continue anyway)")
+    cfg = _handed_over(store, cfg, task, a)
     return _drive(store, task, a, human_console(a), _preflight(task, cfg), run_evaluator(cfg, task))
+
+
+def _handed_over(store: RunStore, cfg: RunConfig, task: TaskPackage, a) -> RunConfig:
+    """resume --planner/--task: the run goes on with another planner, or from the package's new place."""
+    from optagent.llm.config import llm_settings_from_env
+
+    changes: dict = {}
+    if a.task is not None and str(task.root) != cfg.task_dir:
+        changes["task_dir"] = str(task.root)
+    if a.planner is not None and PlannerKind(a.planner) is not cfg.planner:
+        kind = PlannerKind(a.planner)
+        if kind is PlannerKind.AUTO:
+            raise UserError("resume --planner: name the planner (llm, offline, replay or external)")
+        settings = llm_settings_from_env(a.base_url, a.model) if kind is PlannerKind.LLM else None
+        if kind is PlannerKind.REPLAY and not a.replay:
+            raise UserError("--planner replay needs --replay FILE")
+        changes.update(planner=kind, model=settings.model if settings else None,
+                       base_url=settings.base_url if settings else None,
+                       replay_file=str(Path(a.replay).resolve()) if a.replay else None)
+        if kind is PlannerKind.EXTERNAL:
+            changes["patience"] = cfg.max_steps + 1
+    if changes:
+        cfg = cfg.model_copy(update=changes)
+        store.save_config(cfg)
+    return cfg
 
 
 def add_run_commands(sub: argparse._SubParsersAction) -> None:
@@ -145,6 +176,13 @@ def add_run_commands(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("resume", help="continue a stopped or killed run where it stopped")
     s.add_argument("run_id", help="run id, a unique prefix of it, or a run directory's path")
     s.add_argument("--force", action="store_true", help="resume even if the task package changed")
+    s.add_argument("--planner", choices=[k.value for k in PlannerKind if k is not PlannerKind.AUTO],
+                   help="hand the run to another planner (e.g. from an outside agent to offline, and back)")
+    s.add_argument("--replay", metavar="FILE", help="recorded replies, with --planner replay")
+    s.add_argument("--base-url", help="with --planner llm (or OPTAGENT_BASE_URL)")
+    s.add_argument("--model", help="with --planner llm (or OPTAGENT_MODEL)")
+    s.add_argument("--task", help="the task package's directory, where the run was moved from another machine "
+                   "(its digest must match the run's)")
     s.add_argument("--quiet", action="store_true")
     add_pool_options(s)
     s.add_argument("--json", action="store_true", help="as for run")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from optagent.progress import Phase, Progress, ProgressSink, Subject, stamped
-from optagent.protocols import Evaluator, Planner, PlannerContext, PlannerExhausted
+from optagent.protocols import Evaluator, Planner, PlannerContext, PlannerExhausted, PlannerWaiting
 from optagent.schema import BestRef, EvalResult, Proposal, RunState, RunStatus, Step, StepOutcome, now
 from optagent.search.store import RunStore
 from optagent.search.trajectory import Best, Trajectory
@@ -49,6 +49,10 @@ class Exhausted(Stop):
 
 class PlannerFailed(Stop):
     status = RunStatus.FAILED
+
+
+class Waiting(Stop):
+    status = RunStatus.WAITING
 
 
 @dataclass
@@ -118,6 +122,8 @@ class Loop:
                     try:
                         proposal = self.planner.propose(self._context(index))
                         failures = 0
+                    except PlannerWaiting as e:
+                        raise Waiting(str(e)) from None
                     except PlannerExhausted as e:
                         raise Exhausted(str(e) or "the planner has nothing more to try") from None
                     except Exception as e:  # an endpoint that fails is a recorded step, not a crash
@@ -168,6 +174,12 @@ class Loop:
         streak = self.trajectory.streak
         if streak >= self.limits.patience:
             raise Converged(f"no gain >= {self.limits.min_gain:.0%} in {streak} steps")
+
+    def next_context(self) -> PlannerContext:
+        """What the planner would be given next (outside agents read it; the run need not be driven)."""
+        if self.trajectory is None:
+            self.trajectory = Trajectory.load(self.store)
+        return self._context(self.trajectory.next_index)
 
     def _context(self, index: int) -> PlannerContext:
         traj = self.trajectory

@@ -165,8 +165,13 @@ class RunStore:
 
     # -- reading: every file through run_files, the one reader ------------------
     @cached_property
-    def config(self) -> RunConfig:  # written once, at creation
+    def config(self) -> RunConfig:  # written at creation; changed only by hand-over (save_config)
         return run_files.read_record(self.path / "config.json", RunConfig)
+
+    def save_config(self, config: RunConfig) -> None:
+        """A run handed to another planner (resume --planner), or to its task package's new place."""
+        run_files.atomic_write(self.path / "config.json", config.model_dump_json(indent=2))
+        self.__dict__["config"] = config
 
     def state(self) -> Optional[RunState]:
         p = self.path / "state.json"

@@ -1,0 +1,130 @@
+"""Step mode for outside agents that prefer a shell, and the MCP server that offers the same.
+
+    optagent run TASK --planner external     create the run, evaluate the starter, return
+    optagent propose RUN FILE... [--idea T]   evaluate the files as one round, print the feedback
+    optagent feedback RUN                     print what a planner would be shown next
+    optagent mcp [--task DIR]...              the same operations as MCP tools, over stdio
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from optagent.cli.inputs import UserError
+from optagent.cli.options import add_runs_dir, resolve_device
+from optagent.cli.views import human_console, print_json
+from optagent.outside.operations import OutsideError, Scope
+from optagent.outside.runs import Feedback
+from optagent.search.store import RunStore, runs_dir
+
+
+def _scope_of_run(a) -> Scope:
+    """The run's own task package (or --task, where the run came from another machine)."""
+    root = runs_dir(a.runs_dir)
+    store = RunStore.open(root, a.run_id)
+    task = Path(a.task or store.config.task_dir)
+    if not task.is_dir():
+        raise UserError(f"run {store.config.run_id}: its task package {task} is not here (pass --task DIR)")
+    a.run_id = store.config.run_id
+    return Scope(tasks=[task], runs_dir=store.path.parent)
+
+
+def _print(a, fb: Feedback) -> int:
+    if a.json:
+        print_json(fb.model_dump(mode="json"))
+        return 0 if fb.status.value != "FAILED" else 1
+    con = human_console(a)
+    for s in fb.steps:
+        geo = f"{s.geomean_speedup:.3f}x" if s.geomean_speedup else "-"
+        con.print(f"step {s.index}: {s.outcome.value} {s.status.value if s.status else '-'} {geo}  {s.idea}",
+                  markup=False, soft_wrap=True)
+        if s.reason and (s.status is None or not s.status.ok):
+            con.print(f"  {s.reason.strip().splitlines()[0][:200]}", markup=False)
+        if s.retime_note:
+            con.print(f"  {s.retime_note}", markup=False)
+    best = f"best step {fb.best_step}, {fb.best_geomean_speedup:.3f}x" if fb.best_geomean_speedup else "no best"
+    con.print(f"run {fb.run_id}: {fb.status.value} ({best})", markup=False)
+    con.rule("what a planner would be shown next")
+    con.print(fb.next_prompt, markup=False, highlight=False)
+    return 0 if fb.status.value != "FAILED" else 1
+
+
+def _read_sources(files: list[str]) -> list[str]:
+    out = []
+    for f in files:
+        p = Path(f)
+        if not p.is_file():
+            raise UserError(f"{p}: no such kernel file")
+        try:
+            out.append(p.read_text(encoding="utf-8-sig"))
+        except UnicodeDecodeError:
+            raise UserError(f"{p}: not a kernel source (not UTF-8 text)") from None
+    return out
+
+
+def cmd_propose(a) -> int:
+    from optagent.outside.runs import propose
+
+    sources = _read_sources(a.files)
+    ideas = a.idea or None
+    if ideas is not None and len(ideas) == 1 and len(sources) > 1:
+        ideas = ideas * len(sources)
+    try:
+        return _print(a, propose(_scope_of_run(a), a.run_id, sources, ideas, a.parent))
+    except OutsideError as e:
+        raise UserError(str(e)) from None
+
+
+def cmd_feedback(a) -> int:
+    from optagent.outside.runs import feedback
+
+    try:
+        return _print(a, feedback(_scope_of_run(a), a.run_id))
+    except OutsideError as e:
+        raise UserError(str(e)) from None
+
+
+def cmd_mcp(a) -> int:
+    try:
+        from optagent.outside.mcp_server import serve
+    except ImportError as e:
+        raise UserError(f"optagent mcp needs the MCP SDK: pip install 'optagent[mcp]' ({e})") from None
+    tasks = [Path(t) for t in a.task] or sorted(p.parent for p in Path("tasks").glob("*/xpuoj_problem"))
+    if not tasks:
+        raise UserError("optagent mcp: no task package to offer (pass --task DIR, once per package)")
+    for t in tasks:
+        if not t.is_dir():
+            raise UserError(f"--task {t}: no such directory")
+    scope = Scope(tasks=[t.resolve() for t in tasks], runs_dir=runs_dir(a.runs_dir).resolve(),
+                  device=resolve_device(a.device) if a.device else None)
+    serve(scope)
+    return 0
+
+
+def add_step_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("propose", help="an outside agent's round: evaluate the files in a run, print the feedback")
+    p.add_argument("run_id", help="run id (of a run started with --planner external), a prefix, or its path")
+    p.add_argument("files", nargs="+", help="kernel source files, one candidate each")
+    p.add_argument("--idea", action="append", help="what the kernel tries (once per file, in order, or once for all)")
+    p.add_argument("--parent", type=int, help="the step the kernels derive from (default: the best)")
+    p.add_argument("--task", help="the task package's directory, where the run was moved from another machine")
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--json", action="store_true", help="the feedback as JSON on stdout")
+    add_runs_dir(p)
+    p.set_defaults(fn=cmd_propose)
+
+    f = sub.add_parser("feedback", help="print what a planner would be shown next in a run")
+    f.add_argument("run_id")
+    f.add_argument("--task", help="as for propose")
+    f.add_argument("--quiet", action="store_true")
+    f.add_argument("--json", action="store_true")
+    add_runs_dir(f)
+    f.set_defaults(fn=cmd_feedback)
+
+    m = sub.add_parser("mcp", help="serve optagent's tools to an outside agent over MCP (stdio)")
+    m.add_argument("--task", action="append", default=[], help="a task package to offer (repeatable; "
+                   "default: every package under ./tasks)")
+    m.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when a GPU is visible, else cpu")
+    add_runs_dir(m)
+    m.set_defaults(fn=cmd_mcp)

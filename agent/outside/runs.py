@@ -1,0 +1,228 @@
+"""Runs an outside agent drives: start one, hand in a round, read what a planner would be told.
+
+These are ordinary runs (planner ``external``): the same store, loop, accept rule and crash
+safety as `optagent run`; `resume`, `show`, `report` and `leaderboard` apply, and `resume
+--planner offline|llm` hands a run over to a built-in planner.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from pydantic import BaseModel
+
+from optagent.outside.operations import OutsideError, Scope, device_of, language_of, render
+from optagent.progress import ProgressSink
+from optagent.schema import (PlannerKind, Proposal, RunConfig, RunStatus, Status, Step, StepOutcome)
+from optagent.search.store import RunError, RunStore, new_run_id
+from optagent.task import TaskPackage
+
+RunOpError = OutsideError  # one error type for every outside operation
+MAX_ROUND = 16  # sources in one round: more is a batch job, not a round
+
+
+class StepView(BaseModel):
+    index: int
+    idea: str
+    outcome: StepOutcome
+    status: Optional[Status] = None
+    geomean_speedup: Optional[float] = None
+    geomean_time_us: Optional[float] = None
+    reason: Optional[str] = None
+    parent: Optional[int] = None
+    retime_note: Optional[str] = None
+
+
+class Feedback(BaseModel):
+    run_id: str
+    status: RunStatus
+    reason: Optional[str] = None
+    best_step: Optional[int] = None
+    best_geomean_speedup: Optional[float] = None
+    best_changed: bool
+    steps: list[StepView]  # the steps this call evaluated
+    next_prompt: str  # what the LLM planner would be sent next: failures in detail, the best kernel, its table
+
+
+class RunStatusView(BaseModel):
+    run_id: str
+    task: str
+    language: str
+    device: str
+    status: Optional[RunStatus] = None
+    reason: Optional[str] = None
+    steps: list[StepView]
+    best_step: Optional[int] = None
+    best_source: Optional[str] = None
+    best_table: Optional[str] = None
+    lineage: list[StepView]
+
+
+class Board(BaseModel):
+    rows: list[dict]
+    text: str
+
+
+class Export(BaseModel):
+    run_id: str
+    file: str
+    source: str
+    result: dict  # the EvalResult as JSON (see operations.Verdict)
+
+
+def view(step: Step) -> StepView:
+    r = step.result
+    return StepView(index=step.index, idea=step.idea, outcome=step.outcome, status=r.status if r else None,
+                    geomean_speedup=r.geomean_speedup if r else None, geomean_time_us=r.geomean_time_us if r else None,
+                    reason=(r.reason if r else step.error), parent=getattr(step, "parent", None),
+                    retime_note=step.retime_note)
+
+
+def lineage(steps: list[Step], best: Optional[int]) -> list[Step]:
+    """The steps from the starter to the best kernel, following each step's parent."""
+    by_index = {s.index: s for s in steps}
+    chain: list[Step] = []
+    at = best
+    while at is not None and at in by_index and len(chain) <= len(steps):
+        chain.append(by_index[at])
+        at = getattr(by_index[at], "parent", None)
+        if at is None and chain[-1].index != 0 and 0 in by_index:
+            at = 0  # steps recorded before parents were: derived from the starter
+    return chain[::-1]
+
+
+def open_run(scope: Scope, run_id: str) -> tuple[RunStore, TaskPackage]:
+    try:
+        store = RunStore.open(scope.runs_dir, run_id)
+        cfg = store.config
+    except RunError as e:
+        raise OutsideError(str(e)) from None
+    if Path(run_id).name != run_id:
+        raise OutsideError(f"run {run_id!r}: give the run's id, not a path")
+    try:
+        task = scope.task(cfg.task_name)
+    except OutsideError:
+        raise OutsideError(f"run {run_id}: its task {cfg.task_name!r} is not one this server offers") from None
+    if task.digest() != cfg.task_digest:
+        raise OutsideError(f"{task.root}: the task package changed since run {run_id} started")
+    return store, task
+
+
+def _drive(store: RunStore, task: TaskPackage, proposals: list[Proposal], progress: Optional[ProgressSink]):
+    from optagent.cli.build import run_evaluator, run_limits
+    from optagent.search.loop import Loop
+    from optagent.search.planners.external import ExternalPlanner
+
+    cfg = store.config
+    before = {s.index for s in store.steps()}
+    try:
+        store.lock()
+    except RunError as e:
+        raise OutsideError(str(e)) from None
+    try:
+        loop = Loop(store, task, ExternalPlanner(proposals), run_evaluator(cfg, task), run_limits(cfg),
+                    progress=progress)
+        state = loop.run()
+    finally:
+        store.unlock()
+    steps = loop.trajectory.steps
+    new = [s for s in steps if s.index not in before]
+    return state, new, loop
+
+
+def _feedback(store: RunStore, state, new: list[Step], loop) -> Feedback:
+    from optagent.search.planners.llm import build_messages
+
+    prompt = build_messages(loop.next_context())[1]["content"]
+    return Feedback(run_id=store.config.run_id, status=state.status, reason=state.reason, best_step=state.best_step,
+                    best_geomean_speedup=state.best_geomean_speedup,
+                    best_changed=any(s.outcome in (StepOutcome.ACCEPTED, StepOutcome.BASELINE) for s in new),
+                    steps=[view(s) for s in new], next_prompt=prompt)
+
+
+def start_run(scope: Scope, task_name: str, language: Optional[str], max_steps: int,
+              progress: Optional[ProgressSink] = None) -> Feedback:
+    from optagent.evaluation.evaluator import TIMEOUT_S
+
+    task = scope.task(task_name)
+    lang = language_of(task, language)
+    config = RunConfig(run_id=new_run_id(task.name), task_dir=str(task.root), task_name=task.name,
+                       task_digest=task.digest(), language=lang, device=device_of(scope),
+                       planner=PlannerKind.EXTERNAL, timeout_s=TIMEOUT_S, min_gain=0.01,
+                       # the agent decides when to stop: no patience limit of the loop's own
+                       patience=max_steps + 1, max_steps=max_steps)
+    store = RunStore.create(scope.runs_dir, config, task.starter(lang).source)
+    state, new, loop = _drive(store, task, [], progress)
+    return _feedback(store, state, new, loop)
+
+
+def propose(scope: Scope, run_id: str, sources: list[str], ideas: Optional[list[str]] = None,
+            parent: Optional[int] = None, progress: Optional[ProgressSink] = None) -> Feedback:
+    if not sources:
+        raise OutsideError("propose: give at least one kernel source")
+    if len(sources) > MAX_ROUND:
+        raise OutsideError(f"propose: {len(sources)} sources in one round; at most {MAX_ROUND}")
+    if ideas is not None and len(ideas) != len(sources):
+        raise OutsideError(f"propose: {len(ideas)} ideas for {len(sources)} sources; give one idea per source")
+    empty = [i + 1 for i, s in enumerate(sources) if not s.strip()]
+    if empty:
+        raise OutsideError(f"propose: source {empty[0]} is empty: pass each kernel's whole text")
+    store, task = open_run(scope, run_id)
+    if store.config.planner is not PlannerKind.EXTERNAL:
+        raise OutsideError(f"run {run_id} is driven by the {store.config.planner.value} planner, not by an "
+                           "outside agent (optagent resume RUN --planner external hands it over)")
+    proposals = [Proposal(source=s, idea=(ideas[i] if ideas else f"outside agent's kernel {i + 1}").strip()
+                          or "(no idea given)", meta={"parent": parent} if parent is not None else {})
+                 for i, s in enumerate(sources)]
+    state, new, loop = _drive(store, task, proposals, progress)
+    return _feedback(store, state, new, loop)
+
+
+def feedback(scope: Scope, run_id: str) -> Feedback:
+    """What a planner would be shown next, without evaluating anything."""
+    from optagent.search.loop import Loop
+    from optagent.search.planners.external import ExternalPlanner
+
+    store, task = open_run(scope, run_id)
+    loop = Loop(store, task, ExternalPlanner(), None, None)  # type: ignore[arg-type]  # reads, never evaluates
+    state = store.state()
+    if state is None:
+        raise OutsideError(f"{store.path}: the run has no state yet (its starter was never evaluated)")
+    return _feedback(store, state, [], loop)
+
+
+def run_status(scope: Scope, run_id: str) -> RunStatusView:
+    from optagent.cli.views import print_eval
+
+    store, _ = open_run(scope, run_id)
+    cfg, state, steps, best = store.config, store.state(), store.steps(), store.best()
+    return RunStatusView(
+        run_id=cfg.run_id, task=cfg.task_name, language=cfg.language.value, device=cfg.device.value,
+        status=state.status if state else None, reason=state.reason if state else None,
+        steps=[view(s) for s in steps], best_step=state.best_step if state else None,
+        best_source=best[0] if best else None,
+        best_table=render(lambda con: print_eval(con, best[1])) if best else None,
+        lineage=[view(s) for s in lineage(steps, state.best_step if state else None)])
+
+
+def leaderboard(scope: Scope, task: Optional[str] = None) -> Board:
+    from optagent.report.leaderboard import as_json, gather, print_board
+
+    entries = gather(scope.runs_dir, task)
+    return Board(rows=as_json(entries), text=render(lambda con: print_board(con, entries)))
+
+
+def export(scope: Scope, run_id: str) -> Export:
+    from optagent.report.leaderboard import export as write_export
+    from optagent.report.leaderboard import gather
+
+    store, _ = open_run(scope, run_id)
+    entries = [e for e in gather(scope.runs_dir, store.config.task_name) if e.config.run_id == store.config.run_id]
+    if not entries:
+        raise OutsideError(f"run {run_id}: no passing kernel to export")
+    (kernel,) = write_export(entries, scope.runs_dir / "export" / run_id)
+    return Export(run_id=run_id, file=str(kernel), source=entries[0].source,
+                  result=entries[0].result.model_dump(mode="json"))
+
+
