@@ -69,3 +69,15 @@ class CaseKind(str, enum.Enum):
     CONTEST = "contest"  # the package's own getNumOfTestcases() cases
     SMOKE = "smoke"  # small cases from the manifest, for CPU runs
     HIDDEN = "hidden"  # integrity cases the planner never sees
+
+
+class RunStatus(str, enum.Enum):
+    RUNNING = "RUNNING"
+    CONVERGED = "CONVERGED"  # patience ran out
+    MAX_STEPS = "MAX_STEPS"
+    TIME_LIMIT = "TIME_LIMIT"
+    BUDGET = "BUDGET"
+    INTERRUPTED = "INTERRUPTED"
+    EXHAUSTED = "EXHAUSTED"  # the planner had nothing more to propose
+    FAILED = "FAILED"  # no kernel passed, or the planner kept failing
+    WAITING = "WAITING"  # an outside agent's run: every proposal evaluated, waiting for the next round

@@ -15,7 +15,8 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 # The enums live in their own module; every record module imports them from here.
-from optagent.enums import SEVERITY, CaseKind, Device, FloorKind, Language, PlannerKind, Status, Word  # noqa: F401
+from optagent.enums import (SEVERITY, CaseKind, Device, FloorKind, Language, PlannerKind, RunStatus,  # noqa: F401
+                            Status, Word)
 from optagent.kernel_facts import KernelFacts  # noqa: F401 (a part of CaseResult, apart for its length)
 from optagent.costs import Costs
 
@@ -275,18 +276,6 @@ class RunConfig(Record):
     time_limit_s: Optional[float] = None
     budget_usd: Optional[float] = None
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
-
-
-class RunStatus(str, enum.Enum):
-    RUNNING = "RUNNING"
-    CONVERGED = "CONVERGED"  # patience ran out
-    MAX_STEPS = "MAX_STEPS"
-    TIME_LIMIT = "TIME_LIMIT"
-    BUDGET = "BUDGET"
-    INTERRUPTED = "INTERRUPTED"
-    EXHAUSTED = "EXHAUSTED"  # the planner had nothing more to propose
-    FAILED = "FAILED"  # no kernel passed, or the planner kept failing
-    WAITING = "WAITING"  # an outside agent's run: every proposal evaluated, waiting for the next round
 
 
 class RunState(Record):
