@@ -79,7 +79,8 @@ class LedgerEntry(Record):
 
 
 def ledger_path(root: Path, task_name: str, task_digest: str) -> Path:
-    return root / LEDGER_DIR / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', task_name)}-{task_digest[:DIGEST_CHARS]}.jsonl"
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{task_name}-{task_digest[:DIGEST_CHARS]}")
+    return root / LEDGER_DIR / f"{stem}.jsonl"
 
 
 def _first_line(text: Optional[str], limit: int = 200) -> Optional[str]:
