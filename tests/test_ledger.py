@@ -183,3 +183,19 @@ def test_the_llm_prompt_stays_bounded_as_the_ledger_grows():
     assert "x" * 300 not in big
     bare = PlannerContext("t", "T", "s", "c", Language.TRITON, "starter", "starter", None)
     assert "earlier runs" not in build_messages(bare)[1]["content"]
+
+
+def test_a_hidden_case_failure_is_kept_as_planners_may_see_it():
+    from optagent.schema import CaseKind, CaseResult, EvalResult, Step
+    from optagent.search.ledger import Bench, make_entry
+
+    secret = "hidden-1 (n=1000): element 17 differs"
+    hidden = CaseResult(case="hidden-1", kind=CaseKind.HIDDEN, status=Status.INCORRECT, reason=secret)
+    result = EvalResult(status=Status.INCORRECT, reason=f"case {secret}", language=Language.TRITON, device="cpu",
+                        source_sha256="s", cases=[hidden], wall_s=0.0)
+    step = Step(index=2, started_at=T0, finished_at=T0, idea="i", outcome=StepOutcome.FAILED, candidate_sha256="s",
+                result=result, error=result.reason)
+    e = make_entry("r", step, planner=PlannerKind.LLM, bench=Bench(Device.CPU, "cpu", Language.TRITON, None),
+                   source="r/steps/0002/candidate.py", meta={"reply_kind": "edit"}, incumbent_us=None)
+    assert e.reason == "a hidden integrity case failed: INCORRECT" and "element 17" not in e.model_dump_json()
+    assert e.setting is None and e.status is Status.INCORRECT and e.gain is None

@@ -101,6 +101,14 @@ def test_a_second_run_starts_from_the_best_known_and_skips_what_was_measured(fir
     assert "1 of them by earlier runs on cpu, triton" in state.reason
     entries = Ledger(ledger_file(runs)).entries()
     assert len(entries) == 6 and {e.run_id for e in entries} == {run1.name, run2.name}
+    listed = optagent("ledger", str(pkg), "--json", runs=runs)  # by package: this version's ledger
+    assert listed.returncode == 0 and [(e["run_id"], e["step"]) for e in json.loads(listed.stdout)] == [
+        (e.run_id, e.step) for e in entries]
+    table = optagent("ledger", "tiny_affine", runs=runs)  # by name
+    assert table.returncode == 0 and run2.name in table.stdout and "best known from run" in table.stdout
+    missing = optagent("ledger", "no_such_task", runs=runs)
+    assert missing.returncode == 2 and missing.stderr.strip() == (
+        f"optagent: error: {runs / 'ledger'}: no ledger for task no_such_task")
 
 
 def test_fresh_recalls_nothing(first, tmp_path):

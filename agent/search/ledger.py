@@ -26,6 +26,7 @@ from typing import NamedTuple, Optional
 
 from pydantic import Field, ValidationError
 
+from optagent.protocols import redact
 from optagent.schema import Device, EvalResult, Language, PlannerKind, Record, Status, Step, StepOutcome, now
 from optagent.search.run_files import RunError
 
@@ -78,14 +79,30 @@ class LedgerEntry(Record):
         return self.status is not None and self.kernel_sha256 is not None
 
 
+def _stem(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)
+
+
 def ledger_path(root: Path, task_name: str, task_digest: str) -> Path:
-    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{task_name}-{task_digest[:DIGEST_CHARS]}")
-    return root / LEDGER_DIR / f"{stem}.jsonl"
+    return root / LEDGER_DIR / f"{_stem(task_name)}-{_stem(task_digest[:DIGEST_CHARS])}.jsonl"
+
+
+def ledger_files(root: Path, task_name: str) -> list[Path]:
+    """The task's ledgers, one per version of its package."""
+    return sorted(p for p in (root / LEDGER_DIR).glob("*.jsonl") if p.stem.rsplit("-", 1)[0] == _stem(task_name))
 
 
 def _first_line(text: Optional[str], limit: int = 200) -> Optional[str]:
     lines = (text or "").strip().splitlines()
     return lines[0][:limit] if lines else None
+
+
+def _reason(step: Step) -> Optional[str]:
+    """Why the step failed, as planners may see it: a hidden case's details stay out (protocols.redact)."""
+    if step.outcome not in (StepOutcome.FAILED, StepOutcome.NO_KERNEL):
+        return None
+    shown = redact(step).result
+    return _first_line(shown.reason if shown is not None else step.error)
 
 
 def make_entry(run_id: str, step: Step, *, planner: PlannerKind, bench: Bench, source: Optional[str],
@@ -97,8 +114,7 @@ def make_entry(run_id: str, step: Step, *, planner: PlannerKind, bench: Bench, s
     return LedgerEntry(
         run_id=run_id, step=step.index, parent=getattr(step, "parent", None), idea=step.idea,
         setting=setting or None, planner=planner, outcome=step.outcome, status=result.status if result else None,
-        reason=_first_line(step.error or (result.reason if result else None)) if step.outcome in
-        (StepOutcome.FAILED, StepOutcome.NO_KERNEL) else None,
+        reason=_reason(step),
         geomean_time_us=time_us, speedup=result.geomean_speedup if result else None,
         gain=incumbent_us / time_us - 1 if incumbent_us and time_us else None,
         device=bench.device, device_name=(result.device_name if result and result.device_name else bench.device_name),
