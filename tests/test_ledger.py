@@ -199,3 +199,26 @@ def test_a_hidden_case_failure_is_kept_as_planners_may_see_it():
                    source="r/steps/0002/candidate.py", meta={"reply_kind": "edit"}, incumbent_us=None)
     assert e.reason == "a hidden integrity case failed: INCORRECT" and "element 17" not in e.model_dump_json()
     assert e.setting is None and e.status is Status.INCORRECT and e.gain is None
+
+
+def test_a_cpu_run_recalls_gpu_findings_but_neither_starts_from_nor_skips_them(tmp_path):
+    from test_loop import result
+
+    runs, _ = sample_runs(tmp_path)
+    old = RunStore(runs / SAMPLE.name)
+    cfg = old.config.model_copy(update={"run_id": "cpu-run", "device": Device.CPU, "created_at": now()})
+    store = RunStore.create(runs, cfg, "starter")
+    memory = RunMemory(store)
+    store.save_candidate(0, "starter", Language.TRITON)
+    ran = result("starter", 100.0).model_copy(update={"device_name": "cpu"})
+    step = old.steps()[0].model_copy(update={"result": ran, "candidate_sha256": ran.source_sha256})
+    memory.record(step)
+    recall = memory.recall()
+    assert recall.bench.device is Device.CPU and recall.bench.device_name == "cpu"
+    assert len(recall.entries) == 12 and recall.best is None and recall.measured == {}  # the H200's stay apart
+    assert [b.device_name for b in recall.best_per_bench] == ["NVIDIA H200"]  # still told to an LLM
+    gpu = RunMemory(RunStore.create(runs, old.config.model_copy(update={"run_id": "gpu-run"}), "starter"))
+    gpu.record(old.steps()[0])  # measured on the H200: the sample's best is this run's known best
+    known = gpu.recall().best
+    assert known.entry.key == (SAMPLE.name, 9) and known.source == old.step_source(9)
+    assert SAMPLE.name in {e.run_id for e in gpu.recall().measured.values()}
