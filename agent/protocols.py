@@ -9,6 +9,9 @@ from typing import TYPE_CHECKING, Iterator, Optional, Protocol, Sequence, runtim
 from optagent.progress import ProgressSink
 from optagent.schema import EvalResult, Language, Proposal, Step, Usage
 
+if TYPE_CHECKING:
+    from optagent.search.memory import Recall
+
 
 class PlannerExhausted(Exception):
     """The planner has nothing more worth trying."""
@@ -56,6 +59,7 @@ class PlannerContext:
     attempts: list[Attempt] = field(default_factory=list)
     gpu: Optional[GpuFacts] = None
     step_index: int = 0
+    memory: Optional[Recall] = None  # what earlier runs on the task found (None: none, or --fresh)
 
 
 @dataclass
@@ -72,6 +76,19 @@ class Planner(Protocol):
 
     def propose(self, ctx: PlannerContext) -> Proposal:
         """Return the next kernel to try; raise PlannerExhausted when done."""
+        ...
+
+
+@runtime_checkable
+class Memory(Protocol):
+    """Memory across runs (search/memory.py): each committed step goes in, earlier runs' findings come out."""
+
+    def record(self, step: Step) -> None: ...
+
+    def recall(self) -> Optional[Recall]: ...
+
+    def summary(self) -> str:
+        """One line for the run's header: where the ledger is and what it holds."""
         ...
 
 

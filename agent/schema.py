@@ -269,6 +269,7 @@ class RunConfig(Record):
     compiler: Optional[str] = None
     cases: Optional[str] = None
     hidden: bool = True
+    fresh: bool = False  # --fresh: nothing recalled from the task's ledger (the run is still recorded in it)
     timeout_s: float
     min_gain: float
     patience: int

@@ -1,4 +1,4 @@
-"""The commands that read recorded runs: runs, show, leaderboard."""
+"""The commands that read recorded runs: runs, show, leaderboard, ledger."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.table import Table
 
 from optagent.cli.options import add_runs_dir
-from optagent.cli.views import console, fmt, human_console, print_eval, print_json
+from optagent.cli.views import console, fmt, human_console, keep_ids_whole, print_eval, print_json
 from optagent.search.store import RunError, RunStore, list_runs, runs_dir
 
 
@@ -106,6 +106,36 @@ def cmd_leaderboard(a) -> int:
     return 0
 
 
+def cmd_ledger(a) -> int:
+    from optagent.search.ledger import Ledger, ledger_files
+
+    root = runs_dir(a.runs_dir)
+    if Path(a.task).is_dir():  # a package: its ledger (this digest); a name: every digest's
+        from optagent.task import load_task
+
+        task = load_task(a.task)
+        paths = [p for p in ledger_files(root, task.name) if p.name.endswith(f"-{task.digest()[:12]}.jsonl")]
+    else:
+        paths = ledger_files(root, a.task)
+    if not paths:
+        raise RunError(f"{root / 'ledger'}: no ledger for task {a.task}")
+    entries = [e for p in paths for e in Ledger(p).entries()]
+    if a.json:
+        print_json([e.model_dump(mode="json") for e in entries])
+        return 0
+    t = Table(title=f"{len(entries)} steps in {', '.join(str(p) for p in paths)}", title_justify="left")
+    for col in ("run", "step", "device", "outcome", "status", "geomean us", "speedup", "gain", "idea"):
+        t.add_column(col, justify="right" if col in ("step", "geomean us", "speedup", "gain") else "left")
+    for e in entries:
+        t.add_row(e.run_id, str(e.step), e.device_name or e.device.value, e.outcome.value,
+                  e.status.value if e.status else "-", fmt(e.geomean_time_us), fmt(e.speedup, ".3g", "x"),
+                  fmt(e.gain * 100 if e.gain is not None else None, "+.1f", "%"), e.idea)
+    con = console()
+    keep_ids_whole(t, 0, con)
+    con.print(t)
+    return 0
+
+
 def add_browse_commands(sub: argparse._SubParsersAction) -> None:
     ls = sub.add_parser("runs", help="list runs")
     ls.add_argument("--json", action="store_true", help="print the runs as JSON")
@@ -127,3 +157,9 @@ def add_browse_commands(sub: argparse._SubParsersAction) -> None:
     lb.add_argument("--export", metavar="DIR", help="write the best kernel per task in the contest's submit form")
     add_runs_dir(lb)
     lb.set_defaults(fn=cmd_leaderboard)
+
+    ld = sub.add_parser("ledger", help="every step of every run on a task (memory across runs)")
+    ld.add_argument("task", help="task package directory (its ledger) or task name (the ledgers of every version)")
+    ld.add_argument("--json", action="store_true", help="print the entries as JSON")
+    add_runs_dir(ld)
+    ld.set_defaults(fn=cmd_ledger)

@@ -11,9 +11,10 @@ from typing import Optional
 
 from optagent.cli.inputs import UserError
 from optagent.evaluation.evaluator import TIMEOUT_S, SandboxEvaluator, choose_cases
-from optagent.protocols import Evaluator, Planner, Pool
+from optagent.protocols import Evaluator, Memory, Planner, Pool
 from optagent.schema import Device, PlannerKind, RunConfig
 from optagent.search.loop import Limits
+from optagent.search.store import RunStore
 from optagent.task import TaskPackage
 
 
@@ -40,6 +41,13 @@ def run_evaluator(config: RunConfig, task: TaskPackage) -> Evaluator:
     """A run's evaluator, from its recorded config (the same on resume as at the start)."""
     return build_evaluator(task, config.device, config.cases, hidden=config.hidden, timeout_s=config.timeout_s,
                            compiler=config.compiler)
+
+
+def run_memory(store: RunStore) -> Memory:
+    """The run's link to its task's ledger; opening it backfills the ledger from runs made before it."""
+    from optagent.search.memory import RunMemory
+
+    return RunMemory(store, fresh=store.config.fresh)
 
 
 def run_limits(config: RunConfig) -> Limits:

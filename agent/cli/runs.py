@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from optagent.cli.build import build_evaluator, build_planner, run_evaluator, run_limits
+from optagent.cli.build import build_evaluator, build_planner, run_evaluator, run_limits, run_memory
 from optagent.cli.language import pick_language
 from optagent.cli.inputs import UserError, check_env
 from optagent.cli.options import (add_eval_options, add_limit_options, add_planner_options, add_pool_options,
@@ -64,8 +64,10 @@ def _drive(store: RunStore, task: TaskPackage, a, con, planner: Planner, evaluat
             con.print("CPU mode: Triton's interpreter on the smoke cases; times and speedups show that kernels "
                       "work and compare them with each other, not how fast they are on a GPU", soft_wrap=True)
         con.print(isolation_line(evaluator.planned_isolation), soft_wrap=True)
+        memory = run_memory(store)
+        con.print(memory.summary(), markup=False, soft_wrap=True)
         state = Loop(store, task, planner, evaluator, run_limits(cfg), _progress(con, time.monotonic(), live),
-                     progress=live).run()
+                     progress=live, memory=memory).run()
     finally:
         if live is not None:
             live.close()
@@ -111,8 +113,8 @@ def cmd_run(a) -> int:
                        model=settings.model if settings else None, base_url=settings.base_url if settings else None,
                        replay_file=str(Path(a.replay).resolve()) if a.replay else None, compiler=a.compiler,
                        request_timeout_s=a.request_timeout, max_tokens=int(a.max_tokens) if a.max_tokens else None,
-                       temperature=a.temperature,
-                       cases=a.cases, hidden=not a.no_hidden, timeout_s=a.timeout, min_gain=a.min_gain, patience=patience,
+                       temperature=a.temperature, cases=a.cases, hidden=not a.no_hidden, fresh=a.fresh,
+                       timeout_s=a.timeout, min_gain=a.min_gain, patience=patience,
                        max_steps=a.max_steps, time_limit_s=a.time_limit, budget_usd=a.budget_usd)
     evaluator = run_evaluator(config, task)  # a bad --cases fails before a run exists
     root = runs_dir(a.runs_dir)
@@ -167,6 +169,8 @@ def add_run_commands(sub: argparse._SubParsersAction) -> None:
     add_planner_options(r)
     add_limit_options(r)
     add_pool_options(r)
+    r.add_argument("--fresh", action="store_true", help="recall nothing from earlier runs on the task (its "
+                   "ledger): no settings skipped, no start from the best known kernel; the run is still recorded")
     r.add_argument("--quiet", action="store_true")
     r.add_argument("--json", action="store_true", help="print the run id, final state and best result as JSON "
                    "on stdout (everything else goes to stderr)")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from optagent.progress import Phase, Progress, ProgressSink, Subject, stamped
-from optagent.protocols import Evaluator, Planner, PlannerContext, PlannerExhausted, PlannerWaiting
+from optagent.protocols import Evaluator, Memory, Planner, PlannerContext, PlannerExhausted, PlannerWaiting
 from optagent.schema import BestRef, EvalResult, Proposal, RunState, RunStatus, Step, StepOutcome, now
 from optagent.search.store import RunStore
 from optagent.search.trajectory import Best, Trajectory
@@ -86,9 +86,9 @@ def noise(result: EvalResult) -> float:
 class Loop:
     def __init__(self, store: RunStore, task: TaskPackage, planner: Planner, evaluator: Evaluator, limits: Limits,
                  on_step: Callable[[Step, RunState], None] = lambda s, st: None,
-                 progress: Optional[ProgressSink] = None):
+                 progress: Optional[ProgressSink] = None, memory: Optional[Memory] = None):
         self.store, self.task, self.planner, self.evaluator = store, task, planner, evaluator
-        self.limits, self.on_step, self.progress = limits, on_step, progress
+        self.limits, self.on_step, self.progress, self.memory = limits, on_step, progress, memory
         self.config = store.config
         self.started = time.monotonic()
         self.trajectory: Optional[Trajectory] = None  # read in run()
@@ -189,7 +189,8 @@ class Loop:
             contract=self.task.contracts.get(language, ""), language=language, starter_source=traj.starter,
             best_source=traj.best.source if traj.best else traj.starter,
             best_result=traj.best.result if traj.best else None,
-            attempts=list(traj.attempts), gpu=traj.gpu_facts(), step_index=index)
+            attempts=list(traj.attempts), gpu=traj.gpu_facts(), step_index=index,
+            memory=self.memory.recall() if self.memory else None)
 
     def _evaluate(self, index: int, proposal: Proposal) -> Step:
         started = now()
@@ -266,6 +267,8 @@ class Loop:
         ref = BestRef(step=owner, result=traj.best.result, seq=traj.next_seq) if changed and owner is not None else None
         step = step.model_copy(update={"best_geomean_speedup": traj.best_speedup, "best": ref})
         self.store.save_step(step)
+        if self.memory:  # after the commit: a kill in between is repaired by the next run's backfill
+            self.memory.record(step)
         if changed:
             self.store.save_best(traj.best.source, traj.best.result)
         traj.add(step, source)

@@ -14,6 +14,7 @@ from optagent.llm.feedback import Rules
 from optagent.llm.edits import EditError, kernel_from_reply
 from optagent.llm.replies import NoKernelError, extract_idea
 from optagent.llm.prompts import render
+from optagent.search.planners.memory_view import memory_view
 from optagent.protocols import LLM, Attempt, PlannerContext
 from optagent.schema import EvalResult, PlannerKind, Proposal, StepOutcome, Usage
 
@@ -130,6 +131,7 @@ def prompt_vars(ctx: PlannerContext, feedback: str = "", whole_file: bool = Fals
         "feedback": feedback.strip("\n"),
         "whole_file": whole_file,
         "edit_failures": edit_failures,
+        "memory": memory_view(ctx.memory),
     }
 
 

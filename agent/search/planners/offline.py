@@ -14,6 +14,10 @@ already tried (both in the PlannerContext).
    undeclared launch literals included; a package without strategies starts here.
 3. Knob search around the best kernel: one knob at a time, every listed value
    (coordinate descent), nearest values first.
+
+With memory across runs (PlannerContext.memory, search/memory.py), the first candidate is the
+best kernel earlier runs kept on this bench (device, device name, language, cases), and a kernel
+they measured there is skipped (the next proposal's idea says how many were).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Iterator, Optional
 
 from optagent.search.generic import generic_candidates
 from optagent.search.knobs import find_knobs, set_knobs
+from optagent.search.memory import describe_bench
 from optagent.search.strategy_spec import StrategySpec, read_spec, run_kernel_params  # noqa: F401 (re-exported)
 from optagent.protocols import PlannerContext, PlannerExhausted
 from optagent.schema import Language, PlannerKind, Proposal
@@ -89,10 +94,33 @@ class OfflinePlanner:
                 tried.add(sha(a.source))
                 if a.result is not None and a.result.geomean_time_us:
                     times[sha(a.source)] = a.result.geomean_time_us
+        memory = ctx.memory
+        known = memory.best if memory else None
+        if known is not None and sha(known.source) not in tried:  # start from what earlier runs reached
+            e = known.entry
+            return Proposal(source=known.source, idea=f"best known from run {e.run_id} step {e.step} "
+                            f"({e.speedup:.3g}x on {describe_bench(e.bench)})",
+                            meta={"known_best": {"run_id": e.run_id, "step": e.step}})
+        # kernels earlier runs measured on this bench are not measured again; their times rank strategies
+        measured = memory.measured if memory else {}
+        for h, entry in measured.items():
+            if entry.geomean_time_us:
+                times.setdefault(h, entry.geomean_time_us)
+        skipped = 0
         for source, idea, meta in self._candidates(ctx, times):
-            if sha(source) not in tried:
-                return Proposal(source=source, idea=idea, meta=meta)
-        raise PlannerExhausted("every strategy and every knob neighbour of the best kernel was tried")
+            h = sha(source)
+            if h in tried:
+                continue
+            if h in measured:
+                tried.add(h)
+                skipped += 1
+                continue
+            if skipped:
+                idea += f" ({skipped} setting(s) before it skipped: measured by earlier runs)"
+                meta = {**meta, "skipped_measured": skipped}
+            return Proposal(source=source, idea=idea, meta=meta)
+        raise PlannerExhausted("every strategy and every knob neighbour of the best kernel was tried" + (
+            f" ({skipped} of them by earlier runs on {describe_bench(memory.bench)})" if skipped else ""))
 
     def _candidates(self, ctx: PlannerContext, times: dict[str, float]) -> Iterator[tuple[str, str, dict]]:
         for s in self.strategies:
