@@ -110,7 +110,7 @@ def open_run(scope: Scope, run_id: str) -> tuple[RunStore, TaskPackage]:
 
 
 def _drive(store: RunStore, task: TaskPackage, proposals: list[Proposal], progress: Optional[ProgressSink]):
-    from optagent.cli.build import run_evaluator, run_limits
+    from optagent.cli.build import run_evaluator, run_limits, run_memory
     from optagent.search.loop import Loop
     from optagent.search.planners.external import ExternalPlanner
 
@@ -122,7 +122,7 @@ def _drive(store: RunStore, task: TaskPackage, proposals: list[Proposal], progre
         raise OutsideError(str(e)) from None
     try:
         loop = Loop(store, task, ExternalPlanner(proposals), run_evaluator(cfg, task), run_limits(cfg),
-                    progress=progress)
+                    progress=progress, memory=run_memory(store))
         state = loop.run()
     finally:
         store.unlock()
@@ -181,11 +181,13 @@ def propose(scope: Scope, run_id: str, sources: list[str], ideas: Optional[list[
 
 def feedback(scope: Scope, run_id: str) -> Feedback:
     """What a planner would be shown next, without evaluating anything."""
+    from optagent.cli.build import run_memory
     from optagent.search.loop import Loop
     from optagent.search.planners.external import ExternalPlanner
 
     store, task = open_run(scope, run_id)
-    loop = Loop(store, task, ExternalPlanner(), None, None)  # type: ignore[arg-type]  # reads, never evaluates
+    loop = Loop(store, task, ExternalPlanner(), None, None,  # type: ignore[arg-type]  # reads, never evaluates
+                memory=run_memory(store))
     state = store.state()
     if state is None:
         raise OutsideError(f"{store.path}: the run has no state yet (its starter was never evaluated)")
