@@ -24,6 +24,8 @@ if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
 mkdir -p /tmp/site && ln -sfn "$PWD/agent" /tmp/site/optagent
+# bubblewrap for the workers' isolation, from .debs/ (apt-get download bubblewrap libcap2) where the machine lacks it
+if [ -d .debs ] && ! command -v bwrap > /dev/null; then dpkg -i .debs/*.deb > /dev/null 2>&1 || echo "bwrap: not installed"; fi
 untar_tl() { [ -f .tl/tl.tar.xz ] && [ ! -d /tmp/site/tilelang ] && tar xJf .tl/tl.tar.xz -C /tmp/site; true; }
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 oa() { python3 -m optagent.cli.main "$@"; }
@@ -203,11 +205,21 @@ check_all() {  # one GPU: the check stage
   cat "$OUT/gpu-tests.log"
 }
 
+decode_eval() {  # the decode Triton starter once: its table, isolation, cost split and compiler facts
+  ev decode_starter "$OURS" "$OURS/starter/decode_triton.py"
+  grep -E "^(PASSED|FAILED|isolation|cost|timer)|registers|spill" "$OUT/decode_starter.log" | head -12
+}
+
+steps() {  # STEPS="fn[:arg[:arg]] ...": the named functions one after another, on one GPU
+  for s in $STEPS; do IFS=: read -r -a part <<< "$s"; "${part[@]}"; done
+}
+
 case "$STAGE" in
   check) check_all ;;
   run) decode_run; decode_tables ;;
   more) for m in $MORE; do pkg_run "$m" "${MORE_LIMIT:-120}"; done ;;
   lanes) lanes ;;
   variants) variants ;;
+  steps) steps ;;
 esac
 finish
