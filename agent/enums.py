@@ -63,3 +63,10 @@ class CaseKind(str, enum.Enum):
     CONTEST = "contest"  # the package's own getNumOfTestcases() cases
     SMOKE = "smoke"  # small cases from the manifest, for CPU runs
     HIDDEN = "hidden"  # integrity cases the planner never sees
+
+
+class TimerKind(Word):
+    """What took a verdict's timings (worker/timers.py)."""
+
+    NATIVE = "native"  # worker/native/timer.c: clock, loop and records out of the candidate's reach
+    PYTHON = "python"  # bench.Timer in the candidate's interpreter (no C compiler where it ran)

@@ -58,6 +58,22 @@ class Sample(Part):
     sha256: str
 
 
+class NativeTimerSpec(Part):
+    """The native timer the parent built and checked (evaluation/native_build.py)."""
+
+    path: str
+    sha256: str
+
+
+class ExpectedSample(Part):
+    """A saved output the judge must find, with the seeds the parent (not the candidate) derived."""
+
+    name: str
+    base_seed: Optional[int] = None
+    refresh_seed: Optional[int] = None
+    inputs: bool = False  # its post-call inputs were saved too, to be compared bitwise
+
+
 class Job(Record):
     mode: Literal["candidate", "judge", "probe"]
     task_dir: str
@@ -74,6 +90,8 @@ class Job(Record):
     outputs_dir: Optional[str] = None  # where the candidate saves outputs for the judge
     samples: dict[str, list[Sample]] = Field(default_factory=dict)  # judge: saved outputs per case
     source_fp8: bool = False  # judge: the candidate's source names an fp8 type (interpreter_faults)
+    timer: Optional[NativeTimerSpec] = None  # candidate: the native timer (None: the Python one)
+    expected: dict[str, list[ExpectedSample]] = Field(default_factory=dict)  # judge: samples that must exist
 
 
 class Message(Part):

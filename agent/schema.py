@@ -15,7 +15,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 # The enums live in their own module; every record module imports them from here.
-from optagent.enums import SEVERITY, CaseKind, Device, Language, PlannerKind, Status, Word  # noqa: F401
+from optagent.enums import SEVERITY, CaseKind, Device, Language, PlannerKind, Status, TimerKind, Word  # noqa: F401
 
 FORMAT_VERSION = 1
 
@@ -140,6 +140,7 @@ class EvalResult(Record):
     log_tail: Optional[str] = None  # candidate stderr tail, for the planner
     gpu: Optional[dict] = None  # name, sm_count, l2_mb, bandwidth_gbs of the device measured on
     isolation: Isolation = Field(default_factory=Isolation)
+    timer: TimerKind = TimerKind.PYTHON  # what took the timings (before it was recorded: the Python one)
 
     @model_validator(mode="after")
     def _consistent(self) -> "EvalResult":
