@@ -105,6 +105,7 @@ STATIC = {
     # the native timer's attacks (scan bypassed: TIMER below)
     "rebind_bench_globals": r"torch\.sys", "forge_case_ran": r"torch\.sys", "call_native_timer": r"torch\.sys",
     "replace_timer_eager": r"torch\.sys", "report_pipe_garbage": r"imports os",
+    "mutate_input_unchecked": r"torch\.sys",
     # CUDA: rejected from the source, before nvcc runs
     "cuda_system": r"runs other programs", "cuda_fopen": r"opens files", "cuda_getenv": r"reads the environment",
     "cuda_side_stream": r"side stream", "cuda_token_paste": r"token pasting", "cuda_line_splice": r"runs other programs",
@@ -258,6 +259,7 @@ SCAN_OFF = {
     "forge_result": (Status.REJECTED, r"result channel", []),
     "forge_with_nonce": (Status.REJECTED, r"nonce|result channel|duplicate", []),
     "patch_bench_clock": (Status.REJECTED, r"timer|clock", []),
+    "mutate_input_unchecked": (Status.REJECTED, r"modified its input argument\(s\) \[0\]", []),  # by the judge
     # CUDA host code meets no audit hook: with the source scan off, the object scan stands
     "cuda_system": (Status.REJECTED, r"calls .*\bsystem\b", [NEEDS_BINUTILS]),
     "cuda_fopen": (Status.REJECTED, r"calls .*\bfopen\b", [NEEDS_BINUTILS]),
