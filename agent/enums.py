@@ -81,3 +81,10 @@ class RunStatus(str, enum.Enum):
     EXHAUSTED = "EXHAUSTED"  # the planner had nothing more to propose
     FAILED = "FAILED"  # no kernel passed, or the planner kept failing
     WAITING = "WAITING"  # an outside agent's run: every proposal evaluated, waiting for the next round
+
+
+class TimerKind(Word):
+    """What took a verdict's timings (worker/timers.py)."""
+
+    NATIVE = "native"  # worker/native/timer.c: clock, loop and records out of the candidate's reach
+    PYTHON = "python"  # bench.Timer in the candidate's interpreter (no C compiler where it ran)

@@ -60,6 +60,22 @@ class Sample(Part):
     sha256: str
 
 
+class NativeTimerSpec(Part):
+    """The native timer the parent built and checked (evaluation/native_build.py)."""
+
+    path: str
+    sha256: str
+
+
+class ExpectedSample(Part):
+    """A saved output the judge must find, with the seeds the parent (not the candidate) derived."""
+
+    name: str
+    base_seed: Optional[int] = None
+    refresh_seed: Optional[int] = None
+    inputs: bool = False  # its post-call inputs were saved too, to be compared bitwise
+
+
 class Job(Record):
     mode: Literal["candidate", "judge", "probe", "baseline"]  # baseline: the baselines alone, no candidate
     task_dir: str
@@ -77,6 +93,8 @@ class Job(Record):
     samples: dict[str, list[Sample]] = Field(default_factory=dict)  # judge: saved outputs per case
     source_fp8: bool = False  # judge: the candidate's source names an fp8 type (interpreter_faults)
     time_baseline: bool = True  # candidate: time the baselines first (off where a pool times them once per lane)
+    timer: Optional[NativeTimerSpec] = None  # candidate: the native timer (None: the Python one)
+    expected: dict[str, list[ExpectedSample]] = Field(default_factory=dict)  # judge: samples that must exist
 
 
 class Message(Part):

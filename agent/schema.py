@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validat
 
 # The enums live in their own module; every record module imports them from here.
 from optagent.enums import (SEVERITY, CaseKind, Device, FloorKind, Language, PlannerKind, RunStatus,  # noqa: F401
-                            Status, Word)
+                            Status, TimerKind, Word)
 from optagent.kernel_facts import KernelFacts  # noqa: F401 (a part of CaseResult, apart for its length)
 from optagent.costs import Costs
 
@@ -146,6 +146,7 @@ class EvalResult(Record):
     gpu: Optional[dict] = None  # name, sm_count, l2_mb, bandwidth_gbs of the device measured on
     isolation: Isolation = Field(default_factory=Isolation)
     costs: Optional[Costs] = None
+    timer: TimerKind = TimerKind.PYTHON  # what took the timings (before it was recorded: the Python one)
 
     @model_validator(mode="after")
     def _consistent(self) -> "EvalResult":

@@ -33,7 +33,7 @@ import optagent.evaluation.evaluator as evaluator_module
 from optagent.evaluation.checks import redact, static_verdict
 from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
 from optagent.worker.object_scan import scan_cuda_object
-from optagent.schema import EvalResult, Language, Status
+from optagent.schema import EvalResult, Language, Status, TimerKind
 from optagent.task import load_task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,7 +76,7 @@ def test_every_fixture_names_its_class_and_verdict():
     for p in files:
         head = p.read_text()[:1200]
         assert "Attack class:" in head and "Expected verdict:" in head, p.name
-    listed = set(STATIC) | set(DYNAMIC) | set(SCAN_OFF) | set(OBJECT) | GPU_ONLY | {"hang"}
+    listed = set(STATIC) | set(DYNAMIC) | set(SCAN_OFF) | set(OBJECT) | set(TIMER) | GPU_ONLY | {"hang"}
     assert {p.stem for p in files} <= listed, {p.stem for p in files} - listed
 
 
@@ -102,6 +102,10 @@ STATIC = {
     "obf_getattr_computed": r"computes an attribute name", "obf_torch_os": r"torch\.os",
     "obf_frame_walk": r"interpreter internals", "obf_format_string": r"format string",
     "obf_from_file": r"from_file",
+    # the native timer's attacks (scan bypassed: TIMER below)
+    "rebind_bench_globals": r"torch\.sys", "forge_case_ran": r"torch\.sys", "call_native_timer": r"torch\.sys",
+    "replace_timer_eager": r"torch\.sys", "report_pipe_garbage": r"imports os",
+    "mutate_input_unchecked": r"torch\.sys",
     # CUDA: rejected from the source, before nvcc runs
     "cuda_system": r"runs other programs", "cuda_fopen": r"opens files", "cuda_getenv": r"reads the environment",
     "cuda_side_stream": r"side stream", "cuda_token_paste": r"token pasting", "cuda_line_splice": r"runs other programs",
@@ -255,6 +259,7 @@ SCAN_OFF = {
     "forge_result": (Status.REJECTED, r"result channel", []),
     "forge_with_nonce": (Status.REJECTED, r"nonce|result channel|duplicate", []),
     "patch_bench_clock": (Status.REJECTED, r"timer|clock", []),
+    "mutate_input_unchecked": (Status.REJECTED, r"modified its input argument\(s\) \[0\]", []),  # by the judge
     # CUDA host code meets no audit hook: with the source scan off, the object scan stands
     "cuda_system": (Status.REJECTED, r"calls .*\bsystem\b", [NEEDS_BINUTILS]),
     "cuda_fopen": (Status.REJECTED, r"calls .*\bfopen\b", [NEEDS_BINUTILS]),
@@ -271,6 +276,30 @@ def test_runtime_defences_hold_without_the_scan(task, cases, name):
     assert not Path("/tmp/optagent_attack_write_file").exists()
     assert result.status is status, result.reason
     assert re.search(pattern, result.reason or ""), result.reason
+
+
+# ---------------------------------------------------------------------------- the native timer, scan bypassed
+
+TIMER = {
+    # name: (status, reason pattern); None: it passes, with the timer's own (honest) time
+    "rebind_bench_globals": (Status.PASSED, None),
+    "forge_case_ran": (Status.PASSED, None),
+    "call_native_timer": (Status.REJECTED, r"an extra eager timing record"),
+    "replace_timer_eager": (Status.REJECTED, r"no eager timing record from the harness's timer"),
+    "report_pipe_garbage": (Status.REJECTED, r"report pipe carried \d+ line\(s\) not written by the harness's timer"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TIMER))
+def test_native_timer_holds_against_a_rewritten_harness(task, cases, name):
+    status, pattern = TIMER[name]
+    result = run(task, cases, name, scan=False)
+    assert result.timer is TimerKind.NATIVE
+    assert result.status is status, result.reason
+    if pattern:
+        assert re.search(pattern, result.reason or ""), result.reason
+    else:  # the forged or rebound figures said 0.001 us; a call under the interpreter takes milliseconds
+        assert result.cases[0].time_us > 100, result.cases[0].time_us
 
 
 def test_api_keys_never_reach_the_result(task, cases, monkeypatch):
@@ -446,7 +475,7 @@ def test_compiled_object_symbols_catch_what_the_source_scan_cannot(tmp_path):
 
 # ---------------------------------------------------------------------------- GPU-only classes
 
-GPU_ONLY = {"cuda_illegal_access"}
+GPU_ONLY = {"cuda_illegal_access", "graph_quarter_work"}
 LARGE_CASE = "12"  # batch 16 x 16384 tokens: ~1 GB of K/V, a floor of a few hundred microseconds
 
 
@@ -484,6 +513,14 @@ def test_gpu_time_below_the_physical_floor_is_rejected(task):
     and the times it produced end below the floor; either names the trick."""
     result = gpu_run(task, "patch_bench_clock", [LARGE_CASE], scan=False)
     expect(result, Status.REJECTED, r"below the physical floor|patched the harness's timers \(optagent\.worker\.bench")
+
+
+@pytest.mark.gpu
+def test_gpu_graph_doing_less_work_than_the_eager_call_is_caught(task):
+    """Replays are checked like eager calls: a graph that computes a quarter of the heads leaves NaN."""
+    result = gpu_run(task, "graph_quarter_work", [LARGE_CASE])
+    assert result.timer is TimerKind.NATIVE
+    expect(result, Status.INCORRECT, r"not written")
 
 
 @pytest.mark.gpu

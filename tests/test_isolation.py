@@ -359,4 +359,5 @@ def test_a_sandboxed_cuda_build_does_not_fill_the_shared_build_cache(task, tmp_p
     result = SandboxEvaluator(task, "cpu", cases, timeout_s=300).evaluate(task.starter(Language.CUDA).source,
                                                                           Language.CUDA)
     assert result.status is Status.UNSUPPORTED and "compiled" in result.reason, result.reason
-    assert list((tmp_path / "cache").rglob("*.so")) == []
+    cache = tmp_path / "cache"  # the native timer is the parent's own build (evaluation/native_build.py)
+    assert [p for p in cache.rglob("*.so") if p.relative_to(cache).parts[0] != "native"] == []

@@ -53,7 +53,8 @@ def test_wheel_holds_every_module_template_and_data_file(wheel):
     expected = _shipped(ROOT / "agent", "optagent/") | _shipped(ROOT / "prompts", "optagent/prompt_templates/")
     assert expected - names == set(), "missing from the wheel"
     assert {"optagent/prompt_templates/system.j2", "optagent/report/templates/run_report.html.j2",
-            "optagent/search/strategies/paged_decode/splitkv.cu", "optagent/worker/compat/flash_attn/__init__.py"} <= names
+            "optagent/search/strategies/paged_decode/splitkv.cu", "optagent/worker/compat/flash_attn/__init__.py",
+            "optagent/worker/native/timer.c"} <= names
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from typing import Optional
 from rich.console import Console
 from rich.table import Table
 
-from optagent.schema import CaseResult, Costs, Device, EvalResult, FloorKind, Isolation, Mechanism, Status, Timing
+from optagent.schema import CaseResult, Costs, Device, EvalResult, FloorKind, Isolation, Mechanism, Status, TimerKind, Timing
 
 STATUS_STYLE = {Status.PASSED: "green", Status.INCORRECT: "red", Status.COMPILE_ERROR: "red",
                 Status.RUNTIME_ERROR: "red", Status.TIMEOUT: "yellow", Status.REJECTED: "bold red",
@@ -112,6 +112,13 @@ def cost_line(costs: Costs, wall_s: float) -> str:
     return f"cost {wall_s:.1f} s: " + ", ".join(parts)
 
 
+def timer_line(timer: TimerKind) -> str:
+    """What took the timings; the Python timer stands out (evaluation/native_build.py)."""
+    if timer is TimerKind.NATIVE:
+        return "timer: native"
+    return "[bold yellow]timer: python[/] (in-process; a candidate can rewrite it)"
+
+
 def print_eval(con: Console, result: EvalResult) -> None:
     if result.cases:
         con.print(eval_table(result))
@@ -128,6 +135,7 @@ def print_eval(con: Console, result: EvalResult) -> None:
     con.print(isolation_line(result.isolation), soft_wrap=True)
     if result.costs:
         con.print(cost_line(result.costs, result.wall_s), soft_wrap=True, markup=False)
+    con.print(timer_line(result.timer), soft_wrap=True)
     if any(_slow(c.time) or _slow(c.baseline) for c in result.cases):
         con.print("* eager time taken while the host ran slower than usual for most calls (see host_speed.py)")
     if result.status is not Status.PASSED and result.log_tail:

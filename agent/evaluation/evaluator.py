@@ -24,11 +24,12 @@ from optagent.evaluation import isolation
 from optagent.evaluation.cost_clock import CostClock
 from optagent.evaluation.lanes import Control
 from optagent.evaluation.limits import limits_for, record
+from optagent.evaluation.native_build import native_timer
 from optagent.evaluation.sandbox import WorkerRun, keep_scratch, new_scratch, remove_scratch, run_worker
 from optagent.evaluation.verdict import assemble
 from optagent.messages import Baseline, CaseSpec, Done, Job, Probed, TimingSpec, WorkerError
 from optagent.progress import Phase, PipeRelay, Progress, ProgressSink
-from optagent.schema import CaseKind, Device, EvalResult, Isolation, Language, Status
+from optagent.schema import CaseKind, Device, EvalResult, Isolation, Language, Status, TimerKind
 from optagent.task import TaskError, TaskPackage
 
 TIMEOUT_S = 300.0  # seconds per worker process, unless --timeout says otherwise
@@ -116,7 +117,9 @@ class SandboxEvaluator:
         start = time.monotonic()
         relay = PipeRelay(progress, self.cases) if progress else None
         sha = hashlib.sha256(source.encode()).hexdigest()
-        common = dict(language=language, device=self.device, source_sha256=sha, isolation=self.planned_isolation)
+        timer = native_timer()  # built, or its sha256 checked, before every evaluation
+        common = dict(language=language, device=self.device, source_sha256=sha, isolation=self.planned_isolation,
+                      timer=TimerKind.NATIVE if timer else TimerKind.PYTHON)
         # A syntax error first: it is what is wrong, whatever else the scan would say of the text
         # (a file cut off before its @triton.jit "defines no kernel" too).
         bad = python_syntax_error(source) if language is not Language.CUDA else None
@@ -135,7 +138,7 @@ class SandboxEvaluator:
             (scratch / "outputs").mkdir()
             job = self._job("candidate", scratch, nonce, language=language, source_path=str(src),
                             outputs_dir=str(scratch / "outputs"), source_fp8=source_uses_fp8(source),
-                            time_baseline=baselines is None)
+                            time_baseline=baselines is None, timer=timer)
             if progress:
                 progress(Progress(phase=Phase.STARTING))
             heard = [f for f in (relay, clock, gate.on_message if gate else None) if f]

@@ -27,6 +27,7 @@ from optagent.cache import cache_root
 from optagent.evaluation import isolation
 from optagent.evaluation.lanes import Control, Stopped
 from optagent.evaluation.limits import LogTap, Watch, limits_for, record, rlimits
+from optagent.evaluation.report_pipe import ReportPipe
 # the scratch directories' own module; callers have always found them here
 from optagent.evaluation.scratch import (OWNER, keep_scratch, new_scratch, remove_scratch, scratch_base,  # noqa: F401
                                          sweep_scratch)
@@ -69,6 +70,8 @@ class WorkerRun:
     stderr_tail: str = ""
     isolation: Isolation = field(default_factory=Isolation)
     limit: Optional[str] = None  # the limit the worker broke, as a reason (it was stopped there)
+    timer_secret: Optional[bytes] = None  # the native timer's: its records on the report pipe carry it
+    timer_lines: list[tuple[float, bytes]] = field(default_factory=list)  # (arrival, line) of that pipe
 
     def first(self, kind: type[M]) -> Optional[M]:
         return next((m for m in self.messages if isinstance(m, kind)), None)
@@ -117,23 +120,29 @@ def run_worker(job: Job, timeout_s: float, on_message: Optional[Callable[[Messag
     marker = secrets.token_hex(16)
     mech = isolation.mechanism()
     limits = limits_for(job.device)
+    report = ReportPipe() if job.mode == "candidate" and job.timer is not None else None
     argv, env = _command(job, scratch, job_file, wfd, marker, mech, limits)
     control = control or Control()
     env.update(control.env)
+    argv += [str(fd) for fd in report.child_fds] if report else []
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(argv, pass_fds=(wfd, *control.fds), start_new_session=True, env=env, cwd=scratch,
-                                stdin=subprocess.DEVNULL, stdout=log_w, stderr=subprocess.STDOUT,
-                                preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(argv, pass_fds=(wfd, *control.fds, *(report.child_fds if report else ())),
+                                start_new_session=True, env=env, cwd=scratch, stdin=subprocess.DEVNULL,
+                                stdout=log_w, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
     except BaseException:
         os.close(lfd)
         os.close(rfd)
         control.close()
+        if report:
+            report.abandon()
         raise
     finally:
         os.close(wfd)
         os.close(log_w)
         control.spawned()
+    if report:
+        report.started()
     tap = LogTap(lfd, scratch / f"{job.mode}.log", limits.output_bytes)
     watch = Watch(proc.pid, limits, tap, job.mode)
     limit: Optional[str] = None
@@ -186,10 +195,11 @@ def run_worker(job: Job, timeout_s: float, on_message: Optional[Callable[[Messag
         _kill_marked(marker)
         control.close()  # its lane, if it held one, is free
         tail = tap.close()[-4000:]  # read from memory, never the whole log
+        lines = report.finish() if report else []
     messages, foreign = parse_messages(b"".join(chunks), job.nonce)
     iso = record(isolation.describe(mech), limits)
     return WorkerRun(messages, foreign, isolation.returncode(mech, proc.returncode), timed_out,
-                     time.monotonic() - start, tail, iso, limit)
+                     time.monotonic() - start, tail, iso, limit, report.secret if report else None, lines)
 
 
 def _command(job: Job, scratch: Path, job_file: Path, wfd: int, marker: str, mech: Mechanism,

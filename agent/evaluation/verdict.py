@@ -14,9 +14,11 @@ from typing import Callable, Optional, TypeVar, Union
 
 from optagent.evaluation.limits import over_memory
 from optagent.evaluation.sandbox import WorkerRun
+from optagent.evaluation.timer_check import Checked, check_records, with_timings
 from optagent.messages import (Baseline, CaseFailed, CaseRan, CaseSpec, CaseStart, Compiled, Done, Hello, Integrity,
                                Job, LaneReleased, LaneWanted, Verdict, WorkerError)
-from optagent.schema import CaseResult, Device, EvalResult, FloorKind, Isolation, Status, worst
+from optagent.schema import CaseResult, Device, EvalResult, FloorKind, Isolation, Status, TimerKind, worst
+from optagent.timer_records import expected_checked, parse_reports
 
 # Triton compiles at the first call; under the CPU interpreter the same mistakes
 # surface as an InterpreterError wrapping the Python error.
@@ -99,7 +101,7 @@ def assemble(job: Job, run: WorkerRun, judge: JudgeRunner, *, source_sha256: str
     hello = run.first(Hello)
     tail = "\n".join(run.stderr_tail.strip().splitlines()[-15:]) or None
     common = dict(language=job.language, device=job.device, source_sha256=source_sha256, log_tail=tail,
-                  isolation=isolation or run.isolation,
+                  isolation=isolation or run.isolation, timer=TimerKind.NATIVE if job.timer else TimerKind.PYTHON,
                   device_name=hello.device_name if hello else None,
                   baseline_label=hello.baseline_label if hello else None,
                   gpu=hello.gpu.model_dump() if hello and hello.gpu else None)
@@ -123,14 +125,22 @@ def assemble(job: Job, run: WorkerRun, judge: JudgeRunner, *, source_sha256: str
         return result(compiled.status, compiled.reason, [])
 
     cases, ran = _claimed(job, run, error, timeout_s)
-    if ran:
-        cases = _judged(job, run, ran, cases, judge)
+    timer = _timer_records(job, run)
+    if timer.timings:
+        cases = with_timings(cases, timer.timings)
+    expected = expected_checked(job)
+    for label, more in timer.expected.items():
+        expected[label] = expected.get(label, []) + more
+    if ran and not timer.reason:
+        cases = _judged(job, run, ran, cases, judge, expected)
     status = worst([c.status for c in cases]) if cases else Status.RUNTIME_ERROR
     reason = next((f"case {c.case}: {c.reason}" for c in cases if c.status is status and c.reason), None)
     integrity = run.first(Integrity)
     why_forged = forged(run)
     if why_forged:
         status, reason = Status.REJECTED, why_forged
+    elif timer.reason:
+        status, reason = Status.REJECTED, timer.reason
     elif integrity:
         status, reason = Status.REJECTED, integrity.reason
     elif run.limit:
@@ -176,11 +186,21 @@ def _claimed(job: Job, run: WorkerRun, error: Optional[WorkerError],
     return cases, ran
 
 
+def _timer_records(job: Job, run: WorkerRun) -> Checked:
+    """The native timer's word on the timings (nothing to say under the Python timer)."""
+    if job.timer is None:
+        return Checked()
+    records, foreign = parse_reports(run.timer_lines, run.timer_secret or b"")
+    return check_records(job, records, foreign, run.all(Baseline), run.all(CaseRan))
+
+
 def _judged(job: Job, run: WorkerRun, ran: list[CaseSpec], cases: list[CaseResult],
-            judge: JudgeRunner) -> list[CaseResult]:
+            judge: JudgeRunner, expected: dict) -> list[CaseResult]:
     samples = {m.case: m.samples for m in run.all(CaseRan)}
-    verdict_run = judge(job.model_copy(update={"mode": "judge", "cases": ran, "samples": samples,
-                                               "source_path": None}))
+    labels = {c.label for c in ran}
+    verdict_run = judge(job.model_copy(update={"mode": "judge", "cases": ran, "samples": samples, "timer": None,
+                                               "source_path": None,
+                                               "expected": {k: v for k, v in expected.items() if k in labels}}))
     verdicts = {m.case: m for m in verdict_run.all(Verdict)}
     failure = verdict_run.first(WorkerError)
     out = []

@@ -1,4 +1,4 @@
-"""Child side of an evaluation: ``python -m optagent.worker JOB_FILE RESULT_FD``.
+"""Child side of an evaluation: ``python -m optagent.worker JOB_FILE RESULT_FD [SECRET_FD REPORT_FD]``.
 
 Four modes. ``candidate`` (untrusted: the kernel is loaded here) times the
 baseline before any candidate code exists in the process, then per case loads
@@ -29,6 +29,10 @@ def main() -> None:
     chan = Channel(int(sys.argv[2]), job.nonce)
     try:
         if job.mode == "candidate":
+            if job.timer is not None:  # argv: ... RESULT_FD SECRET_FD REPORT_FD; before any candidate code
+                from optagent.worker import timers
+
+                timers.NATIVE = timers.load_native(job.timer, job, int(sys.argv[3]), int(sys.argv[4]))
             from optagent.worker.candidate import Candidate
 
             Candidate(job, chan).run()

@@ -57,7 +57,7 @@ HOST_WAIT_TOTAL_S = 4.0
 
 
 @contextlib.contextmanager
-def _no_gc():
+def no_gc():
     """No garbage collection inside a timed loop: a collection pass is the harness's cost,
     not the kernel's. (No full collection first: with torch loaded one takes ~50 ms.)"""
     was = gc.isenabled()
@@ -124,7 +124,7 @@ class Timer:
     def eager(self, fn: Callable, arg_sets: list[list], after: Optional[Callable] = None) -> dict:
         """Median wall time of fn(*args) up to a device-wide sync, sets rotated, L2 flushed,
         over the calls made while the host ran at its usual speed (host_speed.py)."""
-        with _no_gc():
+        with no_gc():
             result = self._eager(fn, arg_sets, after)
             if result["host_slow"] and self._wait_left > 0 and self.host_conditioned:
                 t0 = perf_counter()
@@ -177,7 +177,7 @@ class Timer:
         """GPU time: CUDA-graph replay where the kernel can be captured, else events around the call."""
         if self.device != Device.CUDA:
             return None, "no GPU"
-        with _no_gc():
+        with no_gc():
             if not capturable:
                 return self._events(fn, arg_sets), "events around the call (not capturable in a CUDA graph)"
             return self._graph(fn, arg_sets)
@@ -208,23 +208,31 @@ class Timer:
         return self._event_times(lambda i: fn(*arg_sets[i % len(arg_sets)]))
 
     def _graph(self, fn: Callable, arg_sets: list[list]) -> tuple[Optional[dict], Optional[str]]:
-        graphs = []
-        try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for args in arg_sets:
-                    fn(*args)
-            torch.cuda.current_stream().wait_stream(side)
-            for args in arg_sets:
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    fn(*args)
-                graphs.append(g)
-        except Exception as e:  # not capturable is a fact about the kernel, not a failure
-            _synchronize()
-            return None, f"not capturable in a CUDA graph: {type(e).__name__}: {str(e)[:160]}"
+        graphs, note = capture_graphs(fn, arg_sets)
+        if graphs is None:
+            return None, note
         return self._event_times(lambda i: graphs[i % len(graphs)].replay()), None
+
+
+def capture_graphs(fn: Callable, arg_sets: list[list]) -> tuple[Optional[list], Optional[str]]:
+    """A CUDA graph of fn on each argument set (after a warm-up on a side stream), or why not."""
+    graphs = []
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for args in arg_sets:
+                fn(*args)
+        torch.cuda.current_stream().wait_stream(side)
+        for args in arg_sets:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn(*args)
+            graphs.append(g)
+    except Exception as e:  # not capturable is a fact about the kernel, not a failure
+        _synchronize()
+        return None, f"not capturable in a CUDA graph: {type(e).__name__}: {str(e)[:160]}"
+    return graphs, None
 
 
 def _measured_once(file: str, measure: Callable[[], float]) -> float:

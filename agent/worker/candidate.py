@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import random
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,8 @@ from optagent.worker.lane import STARTED, lane
 from optagent.messages import (Baseline, CaseFailed, CaseRan, CaseSpec, CaseStart, Channel, Compiled, Done, Hello,
                                Integrity, Job, Phase, PhaseStarted, Sample)
 from optagent.schema import CaseKind, Device, Status, Timing
+from optagent.timer_records import LoopKind, checked_seeds, set_seed, timed_name
+from optagent.worker.timers import make_timer
 
 SAMPLED_CALLS = 4  # timed calls, drawn at random, whose outputs the judge checks besides each set's last
 # Fewer drawn calls where outputs are huge (a 16k-token prefill writes 1 GiB per call): each
@@ -44,11 +45,9 @@ class Candidate:
     def __init__(self, job: Job, chan: Channel):
         self.job, self.chan = job, chan
         self.rt = TaskRuntime(job.task_dir, job.device)
-        t = job.timing
-        self.timer = bench.Timer(job.device, t.min_iters, t.max_iters, t.budget_s, t.warmup)
+        self.timer = make_timer(job)  # the native one where the parent built it (worker/timers.py)
         self.sync = torch.cuda.synchronize if job.device is Device.CUDA else (lambda: None)
         self.out_dir = Path(job.outputs_dir or job.scratch)
-        self.rng = random.Random()  # not the job's seed: the kernel cannot predict which calls are checked
 
     def run(self) -> None:
         """Baselines (unless the pool times them once per lane), compile, every case run and
@@ -139,16 +138,21 @@ class Candidate:
 
         for case in (c for c in self.job.cases if c.kind is not CaseKind.HIDDEN):
             self.chan.send(PhaseStarted(phase=Phase.BASELINE, case=case.label))
-            sets = [rt.make_args(case, self.job.seed + 7919 * k)[0] for k in range(t.input_sets)]
-            self.chan.send(Baseline(case=case.label, timing=self.timer.eager(baseline, sets),
-                                    sizes=rt.describe(sets[0])))
+            sets = [rt.make_args(case, set_seed(self.job, k))[0] for k in range(t.input_sets)]
+            timing = self.timer.eager(case.label, LoopKind.BASELINE, baseline, sets)
+            timing.pop("check")
+            self.chan.send(Baseline(case=case.label, timing=timing, sizes=rt.describe(sets[0])))
             del sets
         self.sync()
 
-    def _save(self, label: str, name: str, outputs: dict, base_seed, refresh_seed) -> Sample:
+    def _save(self, label: str, name: str, outputs: dict, base_seed, refresh_seed, inputs=None) -> Sample:
+        """Outputs (and, for the checked runs, the post-call inputs the judge compares bitwise with its own)."""
         path = self.out_dir / f"{label}-{name}.pt"
         buf = io.BytesIO()
-        torch.save({i: t.cpu() for i, t in outputs.items()}, buf)
+        saved: dict = {i: t.cpu() for i, t in outputs.items()}
+        if inputs is not None:
+            saved["inputs"] = {i: t.cpu() for i, t in inputs.items()}
+        torch.save(saved, buf)
         data = buf.getvalue()
         path.write_bytes(data)
         return Sample(name=name, base_seed=base_seed, refresh_seed=refresh_seed, file=str(path),
@@ -157,9 +161,7 @@ class Candidate:
     def _checked_runs(self, n: int, case: CaseSpec, fn) -> list[Sample] | None:
         """The package's own inputs, then fresh ones; None when the case already has its verdict."""
         rt, job, samples = self.rt, self.job, []
-        for name, base_seed in (("given", None), ("fresh", job.seed + 104729 + n)):
-            if case.kind is not CaseKind.CONTEST and base_seed is None:
-                base_seed = job.seed + n  # manifest cases have no inputs of their own: draw them
+        for name, base_seed in checked_seeds(job, n, case):
             args, _ = rt.make_args(case, base_seed)
             outs = rt.outputs(args)
             for i in outs:
@@ -180,48 +182,53 @@ class Candidate:
                 why = f"modified its input argument(s) {changed} (inputs must stay read-only)"
                 self.chan.send(CaseFailed(case=case.label, status=Status.REJECTED, reason=why))
                 return None
-            samples.append(self._save(case.label, name, {i: args[i].detach().clone() for i in outs}, base_seed, None))
+            samples.append(self._save(case.label, name, {i: args[i].detach().clone() for i in outs}, base_seed, None,
+                                      {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in outs}))
         return samples
 
     def _timed(self, case: CaseSpec, fn, backend) -> tuple[list[Sample], dict]:
         rt, job = self.rt, self.job
-        base_seeds = [job.seed + 7919 * k for k in range(job.timing.input_sets)]
-        sets = [rt.make_args(case, s)[0] for s in base_seeds]
+        sets = [rt.make_args(case, set_seed(job, k))[0] for k in range(job.timing.input_sets)]
         outs = rt.outputs(sets[0])
         scales = [float_scales(a, set(outs)) for a in sets]  # of the base inputs, as the judge computes them
-        refresh: dict[int, int | None] = {k: None for k in range(len(sets))}
-        kept: dict[str, tuple[int, dict, int | None]] = {}  # name -> (set, outputs, refresh seed)
-        seen = 0
+        held: dict[int, dict] = {}  # call -> outputs, of calls the timer may ask for
+        latest: dict[int, tuple[int, dict]] = {}  # set -> (call, outputs) of its latest call
         out_bytes = sum(sets[0][j].numel() * sets[0][j].element_size() for j in outs)
-        n_sampled = min(SAMPLED_CALLS, max(1, SAMPLED_BYTES // max(out_bytes, 1)))
+        n_keep = min(SAMPLED_CALLS, max(1, SAMPLED_BYTES // max(out_bytes, 1)))
 
-        def after(i: int, args: list) -> None:
-            # Outside the timed region: keep this call's output if it is to be checked,
-            # then poison the outputs and redraw the inputs so no call reuses an answer.
-            nonlocal seen
-            k = i % len(sets) if i >= 0 else (-1 - i) % len(sets)
-            if i >= 0:
-                seen += 1
+        def after(call: int, k: int, seed: int, keep: bool, drop: int) -> None:
+            # Outside the timed region (the timer calls it): keep this call's output if it may
+            # be checked, then poison the outputs and redraw the inputs so no call reuses an answer.
+            args = sets[k]
+            if call >= 0:
                 out = {j: args[j].detach().clone() for j in outs}  # on the device: cheap; to host when saved
-                kept[f"last{k}"] = (k, out, refresh[k])
-                sampled = [key for key in kept if key.startswith("call")]
-                # keyed by the count of timed calls, not the loop index: a timing taken again
-                # (host_speed) restarts its loop, and must not overwrite an earlier call's output
-                if len(sampled) < n_sampled:
-                    kept[f"call{seen}"] = (k, out, refresh[k])
-                elif self.rng.random() < n_sampled / seen:  # reservoir sampling over all timed calls
-                    del kept[self.rng.choice(sampled)]
-                    kept[f"call{seen}"] = (k, out, refresh[k])
+                latest[k] = (call, out)
+                if keep:
+                    held[call] = out
+                held.pop(drop, None)
+            poison_set(args)
+            refresh_floats(args, seed, scales[k])
+
+        def poison_set(args: list) -> None:
             for j in outs:
                 poison(args[j])
-            refresh[k] = self.rng.getrandbits(40)
-            refresh_floats(args, refresh[k], scales[k])
+
+        def saved(check: list) -> list[Sample]:
+            out = []
+            for call, k, seed in check:
+                found = held.get(call) if call in held else (latest[k][1] if latest.get(k, (None,))[0] == call else None)
+                if found is not None:
+                    out.append(self._save(case.label, timed_name(call), found, set_seed(job, k), seed))
+            held.clear()
+            latest.clear()
+            return out
 
         for args in sets:
-            for j in outs:
-                poison(args[j])
-        timing = self.timer.eager(fn, sets, after=after)
-        samples = [self._save(case.label, f"timed-{name}", out, base_seeds[k], seed)
-                   for name, (k, out, seed) in kept.items()]
-        gpu, note = self.timer.gpu(fn, sets, capturable=getattr(backend, "graph_capturable", True))
+            poison_set(args)
+        timing = self.timer.eager(case.label, LoopKind.EAGER, fn, sets, after, n_keep)
+        samples = saved(timing.pop("check"))
+        gpu, note = self.timer.gpu(case.label, fn, sets, getattr(backend, "graph_capturable", True), after, n_keep,
+                                   lambda: [poison_set(a) for a in sets])
+        if gpu:
+            samples += saved(gpu.pop("check"))
         return samples, {"timing": Timing(**timing), "gpu": Timing(**gpu) if gpu else None, "gpu_note": note}

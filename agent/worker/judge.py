@@ -17,10 +17,10 @@ from typing import Optional
 
 import torch
 
-from optagent.worker.harness import TaskRuntime, clone_args, float_scales, refresh_floats, run_baseline
+from optagent.worker.harness import TaskRuntime, clone_args, float_scales, refresh_floats, run_baseline, same_bits
 from optagent.worker.interpreter_faults import blame_interpreter
-from optagent.messages import (CaseSpec, Channel, Done, Finding, Job, Phase, PhaseStarted, Probed, ProbedCase,
-                               ProbedExtra, Sample, Verdict)
+from optagent.messages import (CaseSpec, Channel, Done, ExpectedSample, Finding, Job, Phase, PhaseStarted, Probed,
+                               ProbedCase, ProbedExtra, Sample, Verdict)
 from optagent.schema import CaseKind, Device, FloorKind, Status
 
 
@@ -38,8 +38,37 @@ def _rebuild(rt: TaskRuntime, case: CaseSpec, sample: Sample) -> tuple[list, obj
     return args, sizes
 
 
-def _verdict(rt: TaskRuntime, case: CaseSpec, sample: Sample) -> Finding:
-    """Compare one saved output with the reference."""
+def _as_asked(samples: list[Sample], expected: list[ExpectedSample]) -> tuple[list[Sample], Optional[Finding]]:
+    """The samples to judge, those the parent asked for first (with its seeds), or why one is missing."""
+    by_name = {s.name: s for s in samples}
+    first = []
+    for e in expected:
+        s = by_name.pop(e.name, None)
+        if s is None or (s.base_seed, s.refresh_seed) != (e.base_seed, e.refresh_seed):
+            if e.name.startswith("timed-call"):
+                why = f"timed call {e.name.removeprefix('timed-call')} were not saved as the harness's timer asked"
+            else:
+                why = f"the {e.name} run were not saved as the harness asked"
+            return [], Finding(status=Status.REJECTED, reason=f"the outputs of {why}")
+        first.append(s)
+    return first + list(by_name.values()), None
+
+
+def _inputs_changed(saved: dict, args: list, outs: list[int]) -> Optional[Finding]:
+    """The post-call inputs the candidate process saved, bitwise against the judge's own rebuild."""
+    inputs = saved.get("inputs")
+    if not isinstance(inputs, dict):
+        return Finding(status=Status.REJECTED, reason="the inputs after the call were not saved as the harness asked")
+    changed = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in outs
+               and (i not in inputs or not same_bits(inputs[i].to(a.device), a))]
+    if changed:
+        return Finding(status=Status.REJECTED, reason=f"modified its input argument(s) {changed} (inputs must stay "
+                       "read-only)")
+    return None
+
+
+def _verdict(rt: TaskRuntime, case: CaseSpec, sample: Sample, check_inputs: bool = False) -> Finding:
+    """Compare one saved output with the reference (and its inputs with the rebuilt ones)."""
     data = Path(sample.file).read_bytes()
     if hashlib.sha256(data).hexdigest() != sample.sha256:
         return Finding(status=Status.REJECTED, reason=f"the saved outputs ({sample.name}) were rewritten after the "
@@ -48,6 +77,9 @@ def _verdict(rt: TaskRuntime, case: CaseSpec, sample: Sample) -> Finding:
     outs = rt.outputs(args)
     saved = torch.load(io.BytesIO(data), map_location=rt.device, weights_only=True)
     where = f"{sample.name} inputs"
+    changed = _inputs_changed(saved, args, outs) if check_inputs else None
+    if changed:
+        return changed
     found: dict = {"rel_err": 0.0, "max_abs_err": 0.0, "tolerance": None}
     manifest = rt.manifest
     if rt.hooks is not None and manifest is not None:
@@ -121,11 +153,12 @@ def judge(job: Job, chan: Channel) -> None:
         tflops = measured_matmul_tflops() if rt.hooks.measures_flops else None
     for case in job.cases:
         chan.send(PhaseStarted(phase=Phase.JUDGING, case=case.label))
-        samples = job.samples.get(case.label, [])
-        worst: Optional[Finding] = None
+        expected = job.expected.get(case.label, [])
+        samples, worst = _as_asked(job.samples.get(case.label, []), expected)
+        inputs = {e.name for e in expected if e.inputs}
         agg: dict = {"rel_err": 0.0, "max_abs_err": 0.0, "tolerance": None}
-        for sample in samples:
-            v = _verdict(rt, case, sample)
+        for sample in samples if worst is None else []:
+            v = _verdict(rt, case, sample, sample.name in inputs)
             for key in ("rel_err", "max_abs_err"):
                 if getattr(v, key) is not None:
                     agg[key] = max(agg[key], getattr(v, key))

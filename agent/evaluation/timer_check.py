@@ -1,0 +1,115 @@
+"""The parent's reading of the native timer's records: the only timings a verdict uses.
+
+Pure (tested with canned records, tests/test_timer_check.py). Every line on the report
+pipe must be a record of the timer's, under the parent's secret; each loop is a start and
+its end; a case has at most the loops the harness makes (a baseline, an eager timing and
+one more of each after a slow host, one GPU timing); each loop's duration by the timer's
+clock must agree with the parent's own wall clock between the two records' arrivals; and
+every call the timer chose for checking becomes a sample the judge must find.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from optagent.messages import Baseline, CaseRan, ExpectedSample, Job
+from optagent.schema import CaseKind, CaseResult, Status, Timing
+from optagent.timer_records import LoopKind, Stamped, TimerEnd, TimerStart, set_seed, timed_name
+
+# The timer's loop may not be shorter than this share of the parent's interval between its
+# start and end records, less a fixed slack for reading the pipe late.
+WALL_SHARE = 0.8
+WALL_SLACK_S = 0.1
+MAX_LOOPS = {LoopKind.BASELINE: 2, LoopKind.EAGER: 2, LoopKind.GPU: 1}
+
+
+@dataclass
+class Checked:
+    """What the records say per case, or why they cannot be trusted."""
+
+    reason: Optional[str] = None
+    timings: dict[tuple[str, LoopKind], Timing] = field(default_factory=dict)
+    expected: dict[str, list[ExpectedSample]] = field(default_factory=dict)
+
+
+def _loops(records: list[Stamped]) -> tuple[list[tuple[Stamped, Stamped]], Optional[str]]:
+    """Start/end pairs in order; a start the process never ended (it died there) is dropped."""
+    loops: list[tuple[Stamped, Stamped]] = []
+    open_: Optional[Stamped] = None
+    for n, s in enumerate(records, 1):
+        r = s.record
+        if r.seq != n:
+            return loops, f"the harness's timer records came out of order (record {r.seq} at place {n})"
+        if isinstance(r, TimerStart):
+            if open_ is not None:
+                return loops, f"case {r.case}: a timing loop started inside another ({open_.record.case})"
+            open_ = s
+        else:
+            o = open_.record if open_ else None
+            if o is None or (o.case, o.kind) != (r.case, r.kind):
+                return loops, f"case {r.case}: a {r.kind.value} timing record without its start"
+            loops.append((open_, s))
+            open_ = None
+    return loops, None
+
+
+def check_records(job: Job, records: list[Stamped], foreign: int, baselines: list[Baseline],
+                  ran: list[CaseRan]) -> Checked:
+    if foreign:
+        return Checked(f"the timer's report pipe carried {foreign} line(s) not written by the harness's timer")
+    loops, why = _loops(records)
+    if why:
+        return Checked(why)
+    timed = {c.label for c in job.cases if c.kind is not CaseKind.HIDDEN}
+    per: dict[tuple[str, LoopKind], list[TimerEnd]] = {}
+    out = Checked()
+    for start, end in loops:
+        r = end.record
+        assert isinstance(r, TimerEnd)
+        key = (r.case, r.kind)
+        seen = per.setdefault(key, [])
+        if r.case not in timed or len(seen) >= MAX_LOOPS[r.kind] or (seen and not seen[-1].host_slow):
+            return Checked(f"case {r.case}: an extra {r.kind.value} timing record (the harness's timer times "
+                           "each case once, again only after a slow host): the timer was called by other code")
+        wall = end.at - start.at
+        if r.loop_s < WALL_SHARE * wall - WALL_SLACK_S:
+            return Checked(f"case {r.case}: its timing contradicts the wall clock (the timer's {r.kind.value} loop "
+                           f"took {r.loop_s:.3f} s by its clock, {wall:.3f} s by the parent's)")
+        if r.kind is not LoopKind.BASELINE:
+            if r.n_keep < 1 or len({c for c, _, _ in r.check}) < min(r.n_keep, r.calls):
+                return Checked(f"case {r.case}: the timer kept fewer timed calls for the judge than it must")
+            if any(not 0 <= s < job.timing.input_sets for _, s, _ in r.check):
+                return Checked(f"case {r.case}: a timed call on an input set the harness does not have")
+            out.expected.setdefault(r.case, []).extend(
+                ExpectedSample(name=timed_name(c), base_seed=set_seed(job, s), refresh_seed=seed)
+                for c, s, seed in r.check)
+        seen.append(r)
+    for key, ends in per.items():
+        best = min(ends, key=lambda e: (e.host_slow, e.median_us))
+        out.timings[key] = Timing(**best.model_dump(include={"median_us", "p10_us", "p90_us", "samples",
+                                                             "slow_host_calls", "host_slow"}))
+    wanted = [(m.case, LoopKind.BASELINE) for m in baselines]
+    wanted += [(m.case, LoopKind.EAGER) for m in ran if m.case in timed]
+    wanted += [(m.case, LoopKind.GPU) for m in ran if m.case in timed and m.gpu is not None]
+    missing = [k for k in wanted if k not in out.timings]
+    if missing:
+        case, kind = missing[0]
+        return Checked(f"case {case}: no {kind.value} timing record from the harness's timer (the timing was "
+                       "not taken by it)")
+    return out
+
+
+def with_timings(cases: list[CaseResult], timings: dict[tuple[str, LoopKind], Timing]) -> list[CaseResult]:
+    """The case rows with the timer's figures in place of the candidate process's claims."""
+    out = []
+    for c in cases:
+        upd: dict = {}
+        base = timings.get((c.case, LoopKind.BASELINE))
+        if base is not None:
+            upd.update(baseline=base, baseline_us=base.median_us)
+        if c.status is Status.PASSED and c.kind is not CaseKind.HIDDEN:
+            eager, gpu = timings.get((c.case, LoopKind.EAGER)), timings.get((c.case, LoopKind.GPU))
+            upd.update(time=eager, time_us=eager.median_us if eager else None, gpu_us=gpu.median_us if gpu else None)
+        out.append(c.model_copy(update=upd))
+    return out

@@ -1,0 +1,666 @@
+/* optagent's native timer: the clock, the timing loop and the records the parent trusts.
+ *
+ * The candidate shares the interpreter with the harness and can rebind any Python global
+ * (a clock, a JSON module, a check) without an audit event. Here the clock
+ * (CLOCK_MONOTONIC), the loop, the iteration budget, the host-speed probe, the statistics,
+ * the choice of the calls the judge checks (getrandom), and, on CUDA, the device sync,
+ * the L2 flush, the events and the persisting-L2 reset are C: Python only supplies the
+ * kernel call and the `after` callback that runs between timed calls, outside the window.
+ * Each record goes straight to the parent's report pipe as one write() <= PIPE_BUF
+ * (atomic), prefixed by the secret the parent gave at init, so no Python object ever
+ * holds a timing the parent uses. The CUDA driver is looked up with dlopen(RTLD_NOLOAD)
+ * (torch has loaded it): the same .so works on a CPU-only machine.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SECRET_BYTES 32
+#define RECORD_MAX 4096 /* PIPE_BUF on Linux: one write() of this size is atomic */
+#define SLOW_MIN_ITERS 5
+#define WARM_S 0.05
+#define PROBE_N 10000 /* ~10 us of a fixed C loop */
+#define SLACK 1.3     /* host_speed.SLACK */
+#define MIN_KEPT 0.2  /* host_speed.MIN_KEPT */
+#define MAX_SETS 32
+#define MAX_KEEP 32
+#define NO_SEED (-1LL) /* the set still holds its base inputs */
+
+/* ------------------------------------------------------------------ CUDA driver, by dlsym */
+typedef int CUresult;
+typedef void *CUcontext;
+typedef void *CUevent;
+typedef void *CUstream;
+typedef unsigned long long CUdeviceptr;
+typedef int CUdevice;
+#define CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE 38
+#define CU_LIMIT_PERSISTING_L2_CACHE_SIZE 0x06
+#define CUDA_ERROR_NOT_SUPPORTED 801
+#define CUDA_ERROR_UNSUPPORTED_LIMIT 215
+
+static struct {
+    CUresult (*ctx_synchronize)(void);
+    CUresult (*ctx_get_current)(CUcontext *);
+    CUresult (*ctx_get_device)(CUdevice *);
+    CUresult (*device_get_attribute)(int *, int, CUdevice);
+    CUresult (*mem_alloc)(CUdeviceptr *, size_t);
+    CUresult (*memset_d8_async)(CUdeviceptr, unsigned char, size_t, CUstream);
+    CUresult (*event_create)(CUevent *, unsigned int);
+    CUresult (*event_record)(CUevent, CUstream);
+    CUresult (*event_synchronize)(CUevent);
+    CUresult (*event_elapsed_time)(float *, CUevent, CUevent);
+    CUresult (*ctx_reset_persisting_l2)(void);
+    CUresult (*ctx_set_limit)(int, size_t);
+    CUresult (*get_error_name)(CUresult, const char **);
+} cu;
+
+static struct {
+    int initialized, cuda, cuda_ready;
+    unsigned char secret[SECRET_BYTES];
+    int report_fd;
+    long min_iters, max_iters, warmup;
+    double budget_s, usual_probe_us, sync_us;
+    long long seq, calls;
+    CUdeviceptr flush;
+    size_t flush_bytes;
+    CUevent ev_start, ev_end;
+} S;
+
+static int cu_fail(CUresult r, const char *what) {
+    const char *name = NULL;
+    if (cu.get_error_name == NULL || cu.get_error_name(r, &name) != 0 || name == NULL)
+        name = "unknown CUDA error";
+    PyErr_Format(PyExc_RuntimeError, "optagent timer: %s failed: %s (%d)", what, name, r);
+    return -1;
+}
+
+#define CU(call, what) do { CUresult r_ = (call); if (r_ != 0) return cu_fail(r_, what); } while (0)
+
+static int cuda_setup(void) {
+    if (S.cuda_ready)
+        return 0;
+    void *lib = dlopen("libcuda.so.1", RTLD_NOLOAD | RTLD_NOW);
+    if (lib == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "optagent timer: libcuda.so.1 is not loaded in this process");
+        return -1;
+    }
+#define SYM(field, name) do { *(void **)(&cu.field) = dlsym(lib, name); if (cu.field == NULL) { \
+        PyErr_Format(PyExc_RuntimeError, "optagent timer: libcuda.so.1 has no %s", name); return -1; } } while (0)
+    SYM(get_error_name, "cuGetErrorName");
+    SYM(ctx_synchronize, "cuCtxSynchronize");
+    SYM(ctx_get_current, "cuCtxGetCurrent");
+    SYM(ctx_get_device, "cuCtxGetDevice");
+    SYM(device_get_attribute, "cuDeviceGetAttribute");
+    SYM(mem_alloc, "cuMemAlloc_v2");
+    SYM(memset_d8_async, "cuMemsetD8Async");
+    SYM(event_create, "cuEventCreate");
+    SYM(event_record, "cuEventRecord");
+    SYM(event_synchronize, "cuEventSynchronize");
+    SYM(event_elapsed_time, "cuEventElapsedTime");
+    SYM(ctx_reset_persisting_l2, "cuCtxResetPersistingL2Cache");
+    SYM(ctx_set_limit, "cuCtxSetLimit");
+#undef SYM
+    CUcontext ctx = NULL;
+    CU(cu.ctx_get_current(&ctx), "cuCtxGetCurrent");
+    if (ctx == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "optagent timer: no current CUDA context (torch has not initialised CUDA)");
+        return -1;
+    }
+    CUdevice dev;
+    int l2 = 0;
+    CU(cu.ctx_get_device(&dev), "cuCtxGetDevice");
+    CU(cu.device_get_attribute(&l2, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, dev), "cuDeviceGetAttribute(L2)");
+    size_t bytes = 4 * (size_t)(l2 > 0 ? l2 : 64 << 20);
+    S.flush_bytes = bytes > ((size_t)256 << 20) ? bytes : ((size_t)256 << 20);
+    CU(cu.mem_alloc(&S.flush, S.flush_bytes), "cuMemAlloc (L2 flush buffer)");
+    CU(cu.event_create(&S.ev_start, 0), "cuEventCreate");
+    CU(cu.event_create(&S.ev_end, 0), "cuEventCreate");
+    S.cuda_ready = 1;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ clock, probe, randomness */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double probe_us(void) {
+    volatile uint64_t acc = 0;
+    double t0 = now_s();
+    for (uint64_t i = 0; i < PROBE_N; i++)
+        acc += i * 2654435761u;
+    return (now_s() - t0) * 1e6;
+}
+
+static int random_bytes(void *buf, size_t n) {
+    unsigned char *p = buf;
+    while (n > 0) {
+        long got = syscall(SYS_getrandom, p, n, 0);
+        if (got < 0) {
+            if (errno == EINTR)
+                continue;
+            PyErr_SetFromErrno(PyExc_OSError);
+            return -1;
+        }
+        p += got;
+        n -= (size_t)got;
+    }
+    return 0;
+}
+
+static int random_u64(uint64_t *out) { return random_bytes(out, sizeof *out); }
+
+static int sync_device(void) {
+    if (S.cuda)
+        CU(cu.ctx_synchronize(), "cuCtxSynchronize");
+    return 0;
+}
+
+static int flush_l2(void) {
+    if (S.cuda)
+        CU(cu.memset_d8_async(S.flush, 0, S.flush_bytes, NULL), "cuMemsetD8Async (L2 flush)");
+    return 0;
+}
+
+static int reset_persisting_l2(void) {
+    if (!S.cuda)
+        return 0;
+    /* GPUs without a persisting L2 (before Ampere) say so: nothing to reset there */
+    CUresult r = cu.ctx_reset_persisting_l2();
+    if (r != 0 && r != CUDA_ERROR_NOT_SUPPORTED)
+        return cu_fail(r, "cuCtxResetPersistingL2Cache");
+    r = cu.ctx_set_limit(CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 0);
+    if (r != 0 && r != CUDA_ERROR_NOT_SUPPORTED && r != CUDA_ERROR_UNSUPPORTED_LIMIT)
+        return cu_fail(r, "cuCtxSetLimit(CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 0)");
+    return 0;
+}
+
+/* ------------------------------------------------------------------ records */
+static int emit(const char *json) {
+    char line[RECORD_MAX];
+    int at = 0;
+    for (int i = 0; i < SECRET_BYTES; i++)
+        at += snprintf(line + at, sizeof line - at, "%02x", S.secret[i]);
+    int n = snprintf(line + at, sizeof line - at, " %s\n", json);
+    if (n < 0 || at + n >= (int)sizeof line) {
+        PyErr_SetString(PyExc_RuntimeError, "optagent timer: record over PIPE_BUF");
+        return -1;
+    }
+    ssize_t w;
+    do {
+        w = write(S.report_fd, line, (size_t)(at + n));
+    } while (w < 0 && errno == EINTR);
+    if (w != at + n) {
+        PyErr_SetString(PyExc_RuntimeError, "optagent timer: the report pipe refused a record");
+        return -1;
+    }
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* statistics.median and statistics.quantiles(n=10) (method 'exclusive'), floored at 1e-3 */
+static void stats(double *s, long n, double *median, double *p10, double *p90) {
+    qsort(s, (size_t)n, sizeof *s, cmp_double);
+    *median = n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+    if (n < 2) {
+        *p10 = *p90 = s[0];
+    } else {
+        long m = n + 1;
+        double q[2];
+        int which[2] = {1, 9};
+        for (int k = 0; k < 2; k++) {
+            long j = which[k] * m / 10;
+            j = j < 1 ? 1 : (j > n - 1 ? n - 1 : j);
+            long delta = which[k] * m - j * 10;
+            q[k] = (s[j - 1] * (10 - delta) + s[j] * delta) / 10;
+        }
+        *p10 = q[0];
+        *p90 = q[1];
+    }
+    *median = fmax(*median, 1e-3);
+    *p10 = fmax(*p10, 1e-3);
+    *p90 = fmax(*p90, 1e-3);
+}
+
+/* ------------------------------------------------------------------ a case's session */
+typedef struct { long long call; int set; long long seed; } Call;
+
+typedef struct {
+    PyObject_HEAD
+    char label[104];
+    int n_sets, n_keep;
+    long long seeds[MAX_SETS]; /* the refresh seed each set's inputs were last drawn from */
+} Session;
+
+static int more(long i, double start) {
+    if (i >= S.max_iters)
+        return 0;
+    double spent = now_s() - start;
+    if (i < (SLOW_MIN_ITERS < S.min_iters ? SLOW_MIN_ITERS : S.min_iters))
+        return 1;
+    return spent < (i < S.min_iters ? 4 * S.budget_s : S.budget_s);
+}
+
+typedef struct {
+    double *samples, *probes;
+    Call kept[MAX_KEEP], last[MAX_SETS];
+    int n_kept;
+    long n, seen;
+    double loop_s;
+} Loop;
+
+/* after the call: keep it (reservoir over all timed calls), tell `after`, redraw the set's seed */
+static int after_call(Session *self, Loop *L, PyObject *after, int set) {
+    Call c = {++S.calls, set, self->seeds[set]};
+    L->last[set] = c;
+    L->seen++;
+    int keep = 0;
+    long long drop = -1;
+    if (L->n_kept < self->n_keep) {
+        L->kept[L->n_kept++] = c;
+        keep = 1;
+    } else {
+        uint64_t r;
+        if (random_u64(&r) < 0)
+            return -1;
+        if ((double)(r >> 11) * 0x1.0p-53 < (double)self->n_keep / (double)L->seen) {
+            int j = (int)((r & 0x7ff) % (uint64_t)self->n_keep);
+            drop = L->kept[j].call;
+            L->kept[j] = c;
+            keep = 1;
+        }
+    }
+    if (after == NULL)
+        return 0;
+    uint64_t r;
+    if (random_u64(&r) < 0)
+        return -1;
+    long long seed = (long long)(r & ((1ULL << 40) - 1));
+    PyObject *res = PyObject_CallFunction(after, "LiLOL", c.call, set, seed, keep ? Py_True : Py_False, drop);
+    if (res == NULL)
+        return -1;
+    Py_DECREF(res);
+    self->seeds[set] = seed;
+    return 0;
+}
+
+static void json_call(char *buf, size_t cap, size_t *at, Call c) {
+    char seed[32];
+    if (c.seed == NO_SEED)
+        snprintf(seed, sizeof seed, "null");
+    else
+        snprintf(seed, sizeof seed, "%lld", c.seed);
+    *at += snprintf(buf + *at, *at < cap ? cap - *at : 0, "%s[%lld,%d,%s]", buf[*at - 1] == '[' ? "" : ",",
+                    c.call, c.set, seed);
+}
+
+/* the end record, and the same facts for the harness (it saves the outputs of `check`) */
+static PyObject *finish(Session *self, Loop *L, const char *kind, int host_conditioned) {
+    long n = L->n, used = n;
+    int slow = 0;
+    if (host_conditioned && n > 0) {
+        double ref = S.usual_probe_us;
+        for (long i = 0; i < n; i++)
+            ref = fmin(ref, L->probes[i]);
+        S.usual_probe_us = ref;
+        long k = 0;
+        for (long i = 0; i < n; i++)
+            if (L->probes[i] <= SLACK * ref)
+                L->probes[k++] = L->samples[i]; /* probes reused as the kept samples */
+        if (k >= 3 && k >= MIN_KEPT * n) {
+            memcpy(L->samples, L->probes, (size_t)k * sizeof(double));
+            used = k;
+        } else {
+            slow = 1;
+        }
+    }
+    if (n == 0) {
+        PyErr_SetString(PyExc_RuntimeError, "optagent timer: no timed call");
+        return NULL;
+    }
+    double med, p10, p90;
+    stats(L->samples, used, &med, &p10, &p90);
+    Call check[MAX_KEEP + MAX_SETS];
+    int nc = 0;
+    for (int i = 0; i < L->n_kept; i++)
+        check[nc++] = L->kept[i];
+    for (int s = 0; s < self->n_sets; s++) {
+        int dup = L->last[s].call < 0;
+        for (int i = 0; i < nc && !dup; i++)
+            dup = check[i].call == L->last[s].call;
+        if (!dup)
+            check[nc++] = L->last[s];
+    }
+    char json[RECORD_MAX];
+    size_t at = (size_t)snprintf(json, sizeof json,
+        "{\"type\":\"end\",\"seq\":%lld,\"case\":\"%s\",\"kind\":\"%s\",\"median_us\":%.9g,\"p10_us\":%.9g,"
+        "\"p90_us\":%.9g,\"samples\":%ld,\"calls\":%ld,\"host_slow\":%s,\"slow_host_calls\":%ld,\"loop_s\":%.9g,"
+        "\"n_keep\":%d,\"check\":[", ++S.seq, self->label, kind, med, p10, p90, used, n, slow ? "true" : "false",
+        n - used, L->loop_s, self->n_keep);
+    for (int i = 0; i < nc; i++)
+        json_call(json, sizeof json, &at, check[i]);
+    at += snprintf(json + at, at < sizeof json ? sizeof json - at : 0, "]}");
+    if (at >= sizeof json) {
+        PyErr_SetString(PyExc_RuntimeError, "optagent timer: record over PIPE_BUF");
+        return NULL;
+    }
+    if (emit(json) < 0)
+        return NULL;
+    PyObject *calls = PyList_New(nc);
+    if (calls == NULL)
+        return NULL;
+    for (int i = 0; i < nc; i++) {
+        PyObject *seed = check[i].seed == NO_SEED ? Py_NewRef(Py_None) : PyLong_FromLongLong(check[i].seed);
+        PyList_SET_ITEM(calls, i, Py_BuildValue("(LiN)", check[i].call, check[i].set, seed));
+    }
+    return Py_BuildValue("{s:d,s:d,s:d,s:l,s:O,s:l,s:N}", "median_us", med, "p10_us", p10, "p90_us", p90,
+                         "samples", used, "host_slow", slow ? Py_True : Py_False, "slow_host_calls", n - used,
+                         "check", calls);
+}
+
+static int start_loop(Session *self, Loop *L, const char *kind) {
+    memset(L, 0, sizeof *L);
+    for (int s = 0; s < MAX_SETS; s++)
+        L->last[s].call = -1;
+    if (!S.initialized) {
+        PyErr_SetString(PyExc_RuntimeError, "optagent timer: init() was not called");
+        return -1;
+    }
+    if (S.cuda && cuda_setup() < 0)
+        return -1;
+    L->samples = PyMem_Calloc((size_t)S.max_iters, sizeof(double));
+    L->probes = PyMem_Calloc((size_t)S.max_iters, sizeof(double));
+    if (L->samples == NULL || L->probes == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    char json[256];
+    snprintf(json, sizeof json, "{\"type\":\"start\",\"seq\":%lld,\"case\":\"%s\",\"kind\":\"%s\"}", ++S.seq,
+             self->label, kind);
+    if (emit(json) < 0 || reset_persisting_l2() < 0)
+        return -1;
+    return 0;
+}
+
+static void free_loop(Loop *L) {
+    PyMem_Free(L->samples);
+    PyMem_Free(L->probes);
+}
+
+/* Session.eager(kind, fn, arg_sets, after): wall time of fn(*set) up to a device-wide sync */
+static PyObject *session_eager(Session *self, PyObject *args) {
+    const char *kind;
+    PyObject *fn, *sets, *after, *tuples = NULL, *result = NULL;
+    if (!PyArg_ParseTuple(args, "sOOO", &kind, &fn, &sets, &after))
+        return NULL;
+    if (strcmp(kind, "eager") != 0 && strcmp(kind, "baseline") != 0)
+        return PyErr_Format(PyExc_ValueError, "kind must be 'eager' or 'baseline', not %s", kind);
+    if (!PySequence_Check(sets) || PySequence_Size(sets) != self->n_sets)
+        return PyErr_Format(PyExc_ValueError, "arg_sets must be a sequence of %d argument lists", self->n_sets);
+    after = after == Py_None ? NULL : after;
+    tuples = PyTuple_New(self->n_sets);
+    if (tuples == NULL)
+        return NULL;
+    for (int s = 0; s < self->n_sets; s++) {
+        PyObject *item = PySequence_GetItem(sets, s), *t = item ? PySequence_Tuple(item) : NULL;
+        Py_XDECREF(item);
+        if (t == NULL) {
+            Py_DECREF(tuples);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(tuples, s, t);
+    }
+    Loop L;
+    if (start_loop(self, &L, kind) < 0)
+        goto out;
+    int n = self->n_sets;
+    double t0 = now_s(), loop_t0 = t0;
+    /* warm-up: at least `warmup` calls and WARM_S seconds on a GPU (its clocks ramp up) */
+    for (long i = 0; i < S.warmup || (S.cuda && now_s() - t0 < WARM_S); i++) {
+        if (i >= 2 && now_s() - t0 > S.budget_s)
+            break; /* a slow kernel is warm after two calls */
+        PyObject *r = PyObject_Call(fn, PyTuple_GET_ITEM(tuples, i % n), NULL);
+        if (r == NULL)
+            goto out;
+        Py_DECREF(r);
+        if (after != NULL) { /* a warm-up answer left in the output must not pass as a timed one */
+            uint64_t rnd;
+            if (sync_device() < 0 || random_u64(&rnd) < 0)
+                goto out;
+            long long seed = (long long)(rnd & ((1ULL << 40) - 1));
+            r = PyObject_CallFunction(after, "LiLOL", (long long)(-1 - i), (int)(i % n), seed, Py_False, -1LL);
+            if (r == NULL)
+                goto out;
+            Py_DECREF(r);
+            self->seeds[i % n] = seed;
+        }
+    }
+    if (sync_device() < 0)
+        goto out;
+    int host = S.cuda; /* GPU timings only: a CPU-interpreter time is a label */
+    double start = now_s();
+    for (long i = 0; more(i, start); i++) {
+        int set = (int)(i % n);
+        if (flush_l2() < 0 || sync_device() < 0)
+            goto out;
+        if (host)
+            L.probes[i] = probe_us();
+        double c0 = now_s();
+        PyObject *r = PyObject_Call(fn, PyTuple_GET_ITEM(tuples, set), NULL);
+        if (r == NULL)
+            goto out;
+        Py_DECREF(r);
+        if (sync_device() < 0)
+            goto out;
+        double us = (now_s() - c0) * 1e6;
+        L.samples[i] = S.cuda ? fmax(us - S.sync_us, 0.5) : us;
+        L.n = i + 1;
+        if (after_call(self, &L, after, set) < 0)
+            goto out;
+    }
+    L.loop_s = now_s() - loop_t0;
+    result = finish(self, &L, kind, host);
+out:
+    free_loop(&L);
+    Py_DECREF(tuples);
+    return result;
+}
+
+/* Session.replay(launch, after): GPU time of launch(i) between two events on the legacy default
+ * stream (a graph replay, or the call itself); replays get `after` like eager calls */
+static PyObject *session_replay(Session *self, PyObject *args) {
+    PyObject *launch, *after, *result = NULL;
+    if (!PyArg_ParseTuple(args, "OO", &launch, &after))
+        return NULL;
+    if (!S.cuda)
+        return PyErr_Format(PyExc_RuntimeError, "optagent timer: replay() needs a GPU");
+    after = after == Py_None ? NULL : after;
+    Loop L;
+    if (start_loop(self, &L, "gpu") < 0)
+        goto out;
+    double start = now_s();
+    for (long i = 0; more(i, start); i++) {
+        int set = (int)(i % self->n_sets);
+        float ms = 0;
+        if (sync_device() < 0 || flush_l2() < 0)
+            goto out;
+        /* no sync between the flush and the start event: host-side launch latency stays out */
+        CUresult e = cu.event_record(S.ev_start, NULL);
+        if (e != 0) { cu_fail(e, "cuEventRecord"); goto out; }
+        PyObject *r = PyObject_CallFunction(launch, "l", i);
+        if (r == NULL)
+            goto out;
+        Py_DECREF(r);
+        if ((e = cu.event_record(S.ev_end, NULL)) != 0) { cu_fail(e, "cuEventRecord"); goto out; }
+        if ((e = cu.event_synchronize(S.ev_end)) != 0) { cu_fail(e, "cuEventSynchronize"); goto out; }
+        if (sync_device() < 0)
+            goto out;
+        if ((e = cu.event_elapsed_time(&ms, S.ev_start, S.ev_end)) != 0) { cu_fail(e, "cuEventElapsedTime"); goto out; }
+        L.samples[i] = (double)ms * 1e3;
+        L.n = i + 1;
+        if (after_call(self, &L, after, set) < 0)
+            goto out;
+    }
+    L.loop_s = now_s() - start;
+    result = finish(self, &L, "gpu", 0);
+out:
+    free_loop(&L);
+    return result;
+}
+
+static PyMethodDef session_methods[] = {
+    {"eager", (PyCFunction)session_eager, METH_VARARGS, "eager(kind, fn, arg_sets, after) -> stats"},
+    {"replay", (PyCFunction)session_replay, METH_VARARGS, "replay(launch, after) -> stats"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot session_slots[] = {
+    {Py_tp_methods, session_methods},
+    {Py_tp_doc, "One case's timing: the refresh seed of every input set, across its loops."},
+    {0, NULL},
+};
+
+static PyType_Spec session_spec = {"_optagent_timer.Session", sizeof(Session), 0,
+                                    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION, session_slots};
+static PyObject *SessionType;
+
+/* ------------------------------------------------------------------ module functions */
+static PyObject *timer_init(PyObject *mod, PyObject *args) {
+    int secret_fd, report_fd, cuda;
+    long min_iters, max_iters, warmup;
+    double budget_s;
+    if (!PyArg_ParseTuple(args, "iipllld", &secret_fd, &report_fd, &cuda, &min_iters, &max_iters, &warmup, &budget_s))
+        return NULL;
+    if (S.initialized)
+        return PyErr_Format(PyExc_RuntimeError, "optagent timer: init() was already called");
+    if (min_iters < 1 || max_iters < min_iters || warmup < 0 || !(budget_s >= 0))
+        return PyErr_Format(PyExc_ValueError, "optagent timer: bad iteration budget");
+    S.initialized = 1; /* one-shot even when it fails below: a second call is never the harness's */
+    size_t got = 0;
+    while (got < SECRET_BYTES) {
+        ssize_t r = read(secret_fd, S.secret + got, SECRET_BYTES - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            close(secret_fd);
+            return PyErr_Format(PyExc_RuntimeError, "optagent timer: could not read the secret");
+        }
+        got += (size_t)r;
+    }
+    close(secret_fd);
+    S.report_fd = report_fd;
+    S.cuda = cuda;
+    S.min_iters = min_iters;
+    S.max_iters = max_iters;
+    S.warmup = warmup;
+    S.budget_s = budget_s;
+    S.usual_probe_us = INFINITY;
+    for (int i = 0; i < 200; i++)
+        S.usual_probe_us = fmin(S.usual_probe_us, probe_us());
+    Py_RETURN_NONE;
+}
+
+static PyObject *timer_cuda_setup(PyObject *mod, PyObject *noargs) {
+    if (!S.initialized || !S.cuda)
+        return PyErr_Format(PyExc_RuntimeError, "optagent timer: not initialised for CUDA");
+    if (S.cuda_ready)
+        Py_RETURN_NONE;
+    if (cuda_setup() < 0)
+        return NULL;
+    double t[50];
+    for (int i = 0; i < 50; i++) {
+        if (sync_device() < 0)
+            return NULL;
+        double t0 = now_s();
+        if (sync_device() < 0)
+            return NULL;
+        t[i] = (now_s() - t0) * 1e6;
+    }
+    qsort(t, 50, sizeof *t, cmp_double);
+    S.sync_us = (t[24] + t[25]) / 2;
+    Py_RETURN_NONE;
+}
+
+static PyObject *timer_session(PyObject *mod, PyObject *args) {
+    const char *label;
+    int n_sets, n_keep;
+    if (!PyArg_ParseTuple(args, "sii", &label, &n_sets, &n_keep))
+        return NULL;
+    size_t len = strlen(label);
+    if (len == 0 || len >= 100)
+        return PyErr_Format(PyExc_ValueError, "case label must be 1-99 characters");
+    for (size_t i = 0; i < len; i++)
+        if (label[i] < 0x20 || label[i] > 0x7e || label[i] == '"' || label[i] == '\\')
+            return PyErr_Format(PyExc_ValueError, "case label must be printable ASCII without quotes");
+    if (n_sets < 1 || n_sets > MAX_SETS || n_keep < 0 || n_keep > MAX_KEEP)
+        return PyErr_Format(PyExc_ValueError, "1-%d input sets and 0-%d kept calls", MAX_SETS, MAX_KEEP);
+    Session *self = PyObject_New(Session, (PyTypeObject *)SessionType);
+    if (self == NULL)
+        return NULL;
+    memcpy(self->label, label, len + 1);
+    self->n_sets = n_sets;
+    self->n_keep = n_keep;
+    for (int s = 0; s < MAX_SETS; s++)
+        self->seeds[s] = NO_SEED;
+    return (PyObject *)self;
+}
+
+static PyObject *timer_wait_for_usual(PyObject *mod, PyObject *args) {
+    double max_s;
+    if (!PyArg_ParseTuple(args, "d", &max_s))
+        return NULL;
+    double end = now_s() + max_s;
+    for (;;) {
+        double best = fmin(probe_us(), fmin(probe_us(), probe_us()));
+        if (best <= SLACK * S.usual_probe_us)
+            Py_RETURN_TRUE;
+        if (now_s() >= end)
+            Py_RETURN_FALSE;
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        Py_BEGIN_ALLOW_THREADS
+        nanosleep(&ts, NULL);
+        Py_END_ALLOW_THREADS
+    }
+}
+
+static PyObject *timer_usual_probe_us(PyObject *mod, PyObject *noargs) { return PyFloat_FromDouble(S.usual_probe_us); }
+
+static PyMethodDef timer_methods[] = {
+    {"init", timer_init, METH_VARARGS,
+     "init(secret_fd, report_fd, cuda, min_iters, max_iters, warmup, budget_s): once, before any candidate code"},
+    {"cuda_setup", timer_cuda_setup, METH_NOARGS, "look up the driver, allocate the L2 flush buffer"},
+    {"session", timer_session, METH_VARARGS, "session(case_label, n_sets, n_keep) -> Session"},
+    {"wait_for_usual", timer_wait_for_usual, METH_VARARGS, "wait_for_usual(max_s) -> bool"},
+    {"usual_probe_us", timer_usual_probe_us, METH_NOARGS, "the fastest host probe seen"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef timer_module = {PyModuleDef_HEAD_INIT, "_optagent_timer", NULL, -1, timer_methods};
+
+PyMODINIT_FUNC PyInit__optagent_timer(void) {
+    PyObject *m = PyModule_Create(&timer_module);
+    if (m == NULL)
+        return NULL;
+    SessionType = PyType_FromSpec(&session_spec);
+    if (SessionType == NULL) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
