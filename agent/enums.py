@@ -88,3 +88,13 @@ class TimerKind(Word):
 
     NATIVE = "native"  # worker/native/timer.c: clock, loop and records out of the candidate's reach
     PYTHON = "python"  # bench.Timer in the candidate's interpreter (no C compiler where it ran)
+
+
+class Phase(str, enum.Enum):
+    PROPOSING = "proposing"  # the planner writes the next kernel (an LLM call can take minutes)
+    STARTING = "starting"  # a worker process starts and loads the task package
+    BASELINE = "baseline"  # timing the task's baseline, case by case
+    COMPILING = "compiling"
+    CASE = "case"  # running and checking the kernel on a case
+    TIMING = "timing"  # timing the kernel on a case
+    JUDGING = "judging"  # the trusted judge checks the saved outputs

@@ -8,23 +8,13 @@ model of one union: a line that is not one of them, exactly, is not the harness'
 
 from __future__ import annotations
 
-import enum
 import os
 from typing import Annotated, Literal, Optional, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from optagent.enums import Phase  # noqa: F401 (the phases workers report, here with the messages)
 from optagent.schema import CaseKind, Device, FloorKind, KernelFacts, Language, Record, Status, Timing
-
-
-class Phase(str, enum.Enum):
-    PROPOSING = "proposing"  # the planner writes the next kernel (an LLM call can take minutes)
-    STARTING = "starting"  # a worker process starts and loads the task package
-    BASELINE = "baseline"  # timing the task's baseline, case by case
-    COMPILING = "compiling"
-    CASE = "case"  # running and checking the kernel on a case
-    TIMING = "timing"  # timing the kernel on a case
-    JUDGING = "judging"  # the trusted judge checks the saved outputs
 
 
 class CaseSpec(Record):
