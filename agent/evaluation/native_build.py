@@ -16,6 +16,7 @@ import shlex
 import subprocess
 import sys
 import sysconfig
+import threading
 from pathlib import Path
 from typing import Optional
 
@@ -26,6 +27,8 @@ SOURCE = Path(__file__).resolve().parents[1] / "worker" / "native" / "timer.c"
 MODULE = "_optagent_timer"
 ENV_OFF = "OPTAGENT_TIMER"  # "python": never build, use the in-process Python timer
 _built: dict[Path, str] = {}  # .so -> the sha256 this process built it with
+# A pool's threads ask at once; one builds, the others wait for it and check its file.
+_lock = threading.Lock()
 
 
 class NativeBuildError(RuntimeError):
@@ -37,8 +40,10 @@ def _sha(path: Path) -> str:
 
 
 def _target(root: Path) -> Path:
+    """One file per parent process: another optagent's rebuild never replaces a file whose sha256
+    this process has handed to a worker (the worker loads a copy, so the name is free)."""
     key = hashlib.sha256(SOURCE.read_bytes() + sys.version.encode()).hexdigest()[:24]
-    return root / "native" / key / f"{MODULE}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
+    return root / "native" / key / str(os.getpid()) / f"{MODULE}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
 
 
 def build(root: Optional[Path] = None) -> NativeTimerSpec:
@@ -69,9 +74,10 @@ def native_timer(root: Optional[Path] = None) -> Optional[NativeTimerSpec]:
     if os.environ.get(ENV_OFF, "").strip().lower() == "python":
         return None
     so = _target(root or cache_root())
-    try:
-        if so in _built and so.is_file() and _sha(so) == _built[so]:
-            return NativeTimerSpec(path=str(so), sha256=_built[so])
-        return build(root)  # first use in this process, or the file changed: build it again
-    except (NativeBuildError, OSError):
-        return None
+    with _lock:
+        try:
+            if so in _built and so.is_file() and _sha(so) == _built[so]:
+                return NativeTimerSpec(path=str(so), sha256=_built[so])
+            return build(root)  # first use in this process, or the file changed: build it again
+        except (NativeBuildError, OSError):
+            return None
