@@ -11,7 +11,8 @@ from typing import Optional
 
 from optagent.cli.inputs import UserError
 from optagent.evaluation.evaluator import TIMEOUT_S, SandboxEvaluator, choose_cases
-from optagent.protocols import Evaluator, Planner
+from optagent.evaluation.serial_pool import SerialPool
+from optagent.protocols import Evaluator, Planner, Pool
 from optagent.schema import Device, PlannerKind, RunConfig
 from optagent.search.loop import Limits
 from optagent.task import TaskPackage
@@ -33,9 +34,14 @@ def run_evaluator(config: RunConfig, task: TaskPackage) -> Evaluator:
                            compiler=config.compiler)
 
 
+def build_pool(evaluator: Evaluator, config: RunConfig) -> Pool:
+    """What evaluates a run's rounds: here one evaluator, one candidate at a time."""
+    return SerialPool(evaluator)
+
+
 def run_limits(config: RunConfig) -> Limits:
     return Limits(min_gain=config.min_gain, patience=config.patience, max_steps=config.max_steps,
-                  time_limit_s=config.time_limit_s, budget_usd=config.budget_usd)
+                  time_limit_s=config.time_limit_s, budget_usd=config.budget_usd, width=config.width)
 
 
 def build_planner(config: RunConfig, task: TaskPackage) -> Planner:

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from optagent.cli.build import build_planner, run_evaluator, run_limits
+from optagent.cli.build import build_planner, build_pool, run_evaluator, run_limits
 from optagent.cli.inputs import UserError, check_env
 from optagent.cli.options import add_eval_options, add_limit_options, add_planner_options, add_runs_dir, resolve_device
 from optagent.protocols import Evaluator, Planner
@@ -81,11 +81,12 @@ def _drive(store: RunStore, task: TaskPackage, a, con, planner: Planner, evaluat
         con.print(f"run {store.path.name}: {task.name}, {cfg.language.value} on {cfg.device.value}, planner "
                   f"{planner.name}{' (' + planner.model + ')' if planner.model else ''}", soft_wrap=True)
         if cfg.device is Device.CPU:
-            con.print("CPU mode: Triton's interpreter on the smoke cases; times and speedups show that kernels "
-                      "work and compare them with each other, not how fast they are on a GPU", soft_wrap=True)
+            con.print("CPU mode: Triton's interpreter on the smoke cases; its times are not GPU times, so a run "
+                      "accepts on correctness alone: the best is the first kernel that passed, never replaced on "
+                      "a timing", soft_wrap=True)
         con.print(isolation_line(evaluator.planned_isolation), soft_wrap=True)
-        state = Loop(store, task, planner, evaluator, run_limits(cfg), _progress(con, time.monotonic(), live),
-                     progress=live).run()
+        state = Loop(store, task, planner, build_pool(evaluator, cfg), run_limits(cfg),
+                     _progress(con, time.monotonic(), live), progress=live).run()
     finally:
         if live is not None:
             live.close()
@@ -124,7 +125,7 @@ def cmd_run(a) -> int:
                        model=settings.model if settings else None, base_url=settings.base_url if settings else None,
                        replay_file=str(Path(a.replay).resolve()) if a.replay else None, compiler=a.compiler,
                        cases=a.cases, hidden=not a.no_hidden, timeout_s=a.timeout, min_gain=a.min_gain, patience=a.patience,
-                       max_steps=a.max_steps, time_limit_s=a.time_limit, budget_usd=a.budget_usd)
+                       max_steps=a.max_steps, width=a.width, time_limit_s=a.time_limit, budget_usd=a.budget_usd)
     evaluator = run_evaluator(config, task)  # a bad --cases fails before a run exists
     root = runs_dir(a.runs_dir)
     planner = _preflight(task, config)

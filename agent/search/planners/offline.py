@@ -9,8 +9,9 @@ already tried (both in the PlannerContext).
    signature), in the run's language, each at its default
    knobs, then at a few spread-out knob settings (successive halving keeps
    the better half of the strategies for that second round).
-2. Knob search around the best kernel: one knob at a time, every listed value
-   (coordinate descent), nearest values first.
+2. Knob search around the kernel given (the slot's parent: the best kernel, or another
+   passing one in a round wider than 1): one knob at a time, every listed value
+   (coordinate descent), nearest values first. A round takes the next K settings.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
 
 from optagent.search.knobs import find_knobs, set_knobs
 from optagent.search.strategy_spec import StrategySpec, read_spec, run_kernel_params  # noqa: F401 (re-exported)
@@ -78,7 +79,18 @@ class OfflinePlanner:
         self.strategies = load_strategies(language, family, params, package=package_strategies)
 
     def propose(self, ctx: PlannerContext) -> Proposal:
-        tried = {sha(ctx.starter_source), sha(ctx.best_source)}
+        got = self.propose_round([ctx])[0]
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def propose_round(self, ctxs: list[PlannerContext]) -> list[Union[Proposal, Exception]]:
+        """The next setting for each slot, from its parent (ctx.best_source), none proposed twice in a round."""
+        taken: set[str] = set()
+        return [self._next(ctx, taken) for ctx in ctxs]
+
+    def _next(self, ctx: PlannerContext, taken: set[str]) -> Union[Proposal, Exception]:
+        tried = {sha(ctx.starter_source), sha(ctx.best_source)} | taken
         times: dict[str, float] = {}
         for a in ctx.attempts:
             if a.source is not None:
@@ -87,8 +99,9 @@ class OfflinePlanner:
                     times[sha(a.source)] = a.result.geomean_time_us
         for source, idea, meta in self._candidates(ctx, times):
             if sha(source) not in tried:
+                taken.add(sha(source))
                 return Proposal(source=source, idea=idea, meta=meta)
-        raise PlannerExhausted("every strategy and every knob neighbour of the best kernel was tried")
+        return PlannerExhausted("every strategy and every knob neighbour of the kernels given was tried")
 
     def _candidates(self, ctx: PlannerContext, times: dict[str, float]) -> Iterator[tuple[str, str, dict]]:
         for s in self.strategies:
