@@ -237,3 +237,45 @@ def test_lineage_of_the_best_in_show_report_and_leaderboard(tmp_path, task_dir, 
     assert "0>3>4>7" in capsys.readouterr().out
     assert main(["leaderboard", "--runs-dir", str(tmp_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["lineage"] == [0, 3, 4, 7]
+
+
+def test_kill_9_mid_round_then_resume_evaluates_only_the_unfinished(tmp_path, task_dir):
+    """The real CLI on the CPU: a round of 3 (the replay's 3 replies), killed once 2 of its 3 steps are committed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    replay = Path(__file__).resolve().parent / "fixtures" / "replay_decode.jsonl"
+    env = {**os.environ, "OPTAGENT_RUNS_DIR": str(tmp_path)}
+    env.pop("OPTAGENT_BASE_URL", None)
+    cli = [sys.executable, "-m", "optagent.cli.main"]
+    proc = subprocess.Popen(cli + ["run", str(task_dir), "--planner", "replay", "--replay", str(replay), "--no-hidden",
+                                   "--width", "3"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.monotonic() + 400
+    committed: list[Path] = []
+    while time.monotonic() < deadline and len(committed) < 2 and proc.poll() is None:
+        committed = [p for p in tmp_path.glob("*/steps/000[123]/step.json")]
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert len(committed) == 2, "the round never had 2 committed steps"
+    (run,) = [p for p in tmp_path.iterdir() if (p / "config.json").exists()]
+    store = RunStore(run)
+    assert sorted(s.index for s in store.steps()) == [0, 1, 2]  # step 2's reply held no kernel: committed at once
+    assert [i for i, _ in store.unfinished_steps()] == [3]
+    before = {i: (store.step_dir(i) / "step.json").read_bytes() for i in (1, 2)}
+
+    resumed = subprocess.run(cli + ["resume", run.name], env=env, capture_output=True, text=True, timeout=400)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert {i: (store.step_dir(i) / "step.json").read_bytes() for i in (1, 2)} == before  # not evaluated again
+    steps = store.steps()
+    assert [s.index for s in steps] == [0, 1, 2, 3] and store.unfinished_steps() == []
+    assert [s.round for s in steps] == [0, 1, 1, 1] and [s.parent for s in steps] == [None, 0, 0, 0]
+    assert len({s.idea for s in steps}) == 4 and store.state().status is RunStatus.EXHAUSTED
+    assert steps[3].result is not None and store.config.width == 3
+    # on the CPU nothing replaces the starter on a timing: the passing candidates are tree nodes
+    assert {s.outcome for s in steps[1:]} <= {StepOutcome.PASSED, StepOutcome.FAILED, StepOutcome.NO_KERNEL}
+    assert store.best()[0] == store.starter

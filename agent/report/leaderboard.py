@@ -112,8 +112,8 @@ def as_json(entries: list[Entry], damaged: Sequence[Damaged] = ()) -> list[dict]
     rows = [{"run_id": e.config.run_id, "task": e.config.task_name, "device": e.config.device.value,
              "language": e.config.language.value, "planner": e.config.planner.value, "model": e.config.model,
              "rank": rank[e.config.run_id], "ranked_by_speed": not e.cpu, "best_is_starter": e.is_starter,
-             "geomean_speedup": e.speedup, "mean_pct_of_floor": e.floor_pct, "lineage": e.lineage, "path": str(e.path),
-             "error": None}
+             "geomean_speedup": e.speedup, "mean_pct_of_floor": e.floor_pct, "lineage": e.lineage,
+             "path": str(e.path), "error": None}
             for e in entries]
     blank = dict.fromkeys(("task", "device", "language", "planner", "model", "rank", "ranked_by_speed",
                            "best_is_starter", "geomean_speedup", "mean_pct_of_floor", "lineage"))
