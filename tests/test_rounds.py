@@ -235,6 +235,10 @@ def test_lineage_of_the_best_in_show_report_and_leaderboard(tmp_path, task_dir, 
     assert [f'href="#step-{i}"' in html.split("Lineage,")[1].split("</p>")[0] for i in (0, 3, 4, 7)] == [True] * 4
     assert main(["leaderboard", "--runs-dir", str(tmp_path)]) == 0
     assert "0>3>4>7" in capsys.readouterr().out
+    board = tmp_path / "board.html"
+    assert main(["leaderboard", "--runs-dir", str(tmp_path), "--html", str(board)]) == 0
+    assert ">0&gt;3&gt;4&gt;7</td>" in board.read_text()
+    capsys.readouterr()
     assert main(["leaderboard", "--runs-dir", str(tmp_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["lineage"] == [0, 3, 4, 7]
 
