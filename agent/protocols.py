@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Optional, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Iterator, Optional, Protocol, Sequence, Union, runtime_checkable
 
 from optagent.progress import ProgressSink
 from optagent.schema import EvalResult, Language, Proposal, Step, Usage
@@ -60,6 +60,16 @@ class PlannerContext:
     gpu: Optional[GpuFacts] = None
     step_index: int = 0
     memory: Optional[Recall] = None  # what earlier runs on the task found (None: none, or --fresh)
+    # The tree (search/parents.py): best_source and best_result above are this slot's parent's.
+    parent_step: Optional[int] = None  # None: the starter, not evaluated yet
+    incumbent_step: Optional[int] = None  # the run's best kernel, and its result
+    incumbent_result: Optional[EvalResult] = None
+    lineage: list[Attempt] = field(default_factory=list)  # the steps from the starter down to the parent
+    siblings: list[Attempt] = field(default_factory=list)  # the parent's other children so far, as they fared
+    slot: int = 0  # this candidate's place among the round's width
+    width: int = 1
+    round_parents: list[int] = field(default_factory=list)  # each slot's parent, this one's included
+    on_cpu: bool = False  # timed by Triton's interpreter: its times are not GPU times
 
 
 @dataclass
@@ -76,6 +86,19 @@ class Planner(Protocol):
 
     def propose(self, ctx: PlannerContext) -> Proposal:
         """Return the next kernel to try; raise PlannerExhausted when done."""
+        ...
+
+
+SlotOutcome = Union[Proposal, Exception]
+
+
+@runtime_checkable
+class RoundPlanner(Planner, Protocol):
+    """A planner that proposes a round's candidates together (the LLM's requests at once)."""
+
+    def propose_round(self, ctxs: list[PlannerContext]) -> list[SlotOutcome]:
+        """One outcome per context, in order: a Proposal, or the exception its slot raised
+        (PlannerExhausted: nothing more for that slot)."""
         ...
 
 

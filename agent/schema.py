@@ -214,6 +214,8 @@ class Proposal(Record):
     reply: Optional[str] = None
     usage: Usage = Field(default_factory=Usage)
     meta: dict = Field(default_factory=dict)  # planner-private state (knob values...)
+    parent: Optional[int] = None  # the step whose kernel the planner was given to improve (None: the starter)
+    round: Optional[int] = None  # the round it was proposed in (None: written before rounds)
 
     @model_validator(mode="after")
     def _one_of(self) -> "Proposal":
@@ -228,6 +230,8 @@ class StepOutcome(str, enum.Enum):
     FAILED = "FAILED"  # the candidate did not pass
     NO_KERNEL = "NO_KERNEL"  # the planner's reply held no usable kernel
     BASELINE = "BASELINE"  # step 0: the starter
+    PASSED = "PASSED"  # passed on the CPU: a node that may be a parent, never the best on a timing
+    PENDING = "PENDING"  # passed and faster: decided with its round's comparison (loop.py)
 
 
 class BestRef(Record):
@@ -250,6 +254,8 @@ class Step(Record):
     best_geomean_speedup: Optional[float] = None
     retime_note: Optional[str] = None
     best: Optional[BestRef] = None  # set when this step changed the best kernel or its timing
+    parent: Optional[int] = None  # the step whose kernel it was derived from (None: the starter, old runs)
+    round: Optional[int] = None  # proposed together with the other steps of this round (None: old runs)
 
 
 class RunConfig(Record):
@@ -275,6 +281,7 @@ class RunConfig(Record):
     min_gain: float
     patience: int
     max_steps: int
+    width: int = Field(1, ge=1)  # candidates proposed and evaluated per round
     time_limit_s: Optional[float] = None
     budget_usd: Optional[float] = None
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))

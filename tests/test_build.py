@@ -95,6 +95,17 @@ def test_run_limits_carry_the_recorded_config(task_dir):
     assert run_limits(cfg) == Limits(min_gain=0.02, patience=3, max_steps=4, time_limit_s=30.0, budget_usd=1.5)
 
 
+def test_the_width_is_recorded_and_carried_to_the_loop_and_the_pool_is_a_pool(task_dir):
+    from optagent.cli.build import build_pool
+    from optagent.protocols import Pool
+
+    cfg = config(load_task(task_dir), width=3)
+    assert run_limits(cfg).width == 3 and RunConfig.model_validate_json(cfg.model_dump_json()).width == 3
+    assert config(load_task(task_dir)).width == 1  # old configs: one candidate a round
+    pool = build_pool(object(), cfg)
+    assert isinstance(pool, Pool) and pool.lanes == 1
+
+
 # --- the builder ---
 
 def test_build_evaluator_picks_the_cases_and_splits_the_compiler(task_dir):

@@ -344,3 +344,69 @@ def test_replay_reads_a_json_list(tmp_path: Path, ctx: PlannerContext) -> None:
     assert empty.error is not None and empty.idea == "nothing"
     with pytest.raises(PlannerExhausted):
         planner.propose(ctx)
+
+
+# ---------------------------------------------------------------- rounds: K requests at once, each its own slot
+
+
+class BarrierLLM:
+    """Answers only once ``n`` requests are in flight together: a planner that asks one at a time times out."""
+
+    model = "fake-model"
+
+    def __init__(self, n: int, fail_on: str = "") -> None:
+        import threading
+
+        self.barrier, self.fail_on, self.prompts = threading.Barrier(n, timeout=10), fail_on, []
+
+    def complete(self, messages: list[dict]):
+        from optagent.protocols import LLMReply
+        from optagent.schema import Usage
+
+        self.prompts.append(messages[1]["content"])
+        self.barrier.wait()
+        if self.fail_on and self.fail_on in messages[1]["content"]:
+            raise LLMError("the endpoint failed for this slot")
+        return LLMReply(GOOD, Usage(prompt_tokens=7))
+
+
+def round_ctxs(on_cpu: bool = False) -> list[PlannerContext]:
+    import dataclasses
+
+    base = make_ctx()
+    lineage = [Attempt(0, "starter", "BASELINE", None, _result()),
+               Attempt(3, "num_warps 4 -> 2", "NOT_BETTER", None, _result(cases=[_case("1", 11.0)]))]
+    siblings = [Attempt(6, "split the sequence across blocks", "FAILED", None, _result(Status.TIMEOUT, "too slow",
+                                                                                          cases=[]))]
+    parents = [0, 3, 0]
+    return [dataclasses.replace(base, step_index=5 + k, parent_step=p, incumbent_step=0,
+                                incumbent_result=_result(), slot=k, width=3, round_parents=parents,
+                                lineage=lineage if p == 3 else lineage[:1], siblings=siblings if p == 3 else [],
+                                on_cpu=on_cpu)
+            for k, p in enumerate(parents)]
+
+
+def test_a_round_sends_its_requests_at_once_each_steered_its_own_way() -> None:
+    llm = BarrierLLM(3)
+    got = LLMPlanner(llm).propose_round(round_ctxs())
+    assert all(not isinstance(p, Exception) and p.source and "BLOCK_N = 32" in p.source for p in got)
+    by_slot = {int(text.split("You write attempt ")[1].split(" ")[0]): text for text in llm.prompts}
+    assert sorted(by_slot) == [1, 2, 3]
+    directions = {text.split("favour this one: ")[1].split("\n")[0] for text in by_slot.values()}
+    assert len(directions) == 3  # a different direction for each slot
+    branch = by_slot[2]  # from step 3, not the incumbent: its parent, lineage and siblings are shown
+    assert "## The kernel to improve: step 3's" in branch and "the run's best (step 0" in branch
+    assert "- step 3: num_warps 4 -> 2" in branch and "| 6 | split the sequence across blocks | FAILED |" in branch
+    assert "from steps 0" in branch or "from step 0" in branch
+    assert "## Current best kernel" in by_slot[1] and "Other attempts from this same kernel" not in by_slot[1]
+    assert "Triton's CPU interpreter" not in by_slot[1]
+
+
+def test_a_failed_request_is_its_slot_outcome_and_cpu_runs_are_told_times_are_not_gpu_times() -> None:
+    llm = BarrierLLM(3, fail_on="You write attempt 2 of 3")
+    planner = LLMPlanner(llm)
+    got = planner.propose_round(round_ctxs(on_cpu=True))
+    assert isinstance(got[1], LLMError) and not isinstance(got[0], Exception) and not isinstance(got[2], Exception)
+    assert all("its times are not GPU times" in text for text in llm.prompts)
+    system = build_messages(round_ctxs(on_cpu=True)[0])[0]["content"]
+    assert "whose times are not GPU times" in system and "never replaces the best on a timing" in system

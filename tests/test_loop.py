@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from optagent.evaluation.serial_pool import SerialPool
 from optagent.search.knobs import find_knobs, set_knobs
 from optagent.search.loop import Limits, Loop
 from optagent.search.planners.offline import OfflinePlanner, run_kernel_params
@@ -17,33 +18,33 @@ from optagent.search.store import RunStore, new_run_id
 from optagent.task import load_task
 
 
-def result(source: str, time_us: float | None, spread: float = 0.0, status: Status = Status.PASSED) -> EvalResult:
+def result(source: str, time_us: float | None, spread: float = 0.0, status: Status = Status.PASSED,
+           device: str = "cuda") -> EvalResult:
+    """A GPU result unless ``device`` says cpu: acceptance on a timing happens only on a GPU."""
     sha = hashlib.sha256(source.encode()).hexdigest()
     if status is not Status.PASSED:
-        return EvalResult(status=status, reason="scripted failure", language=Language.TRITON, device="cpu",
+        return EvalResult(status=status, reason="scripted failure", language=Language.TRITON, device=device,
                           source_sha256=sha, wall_s=0.0)
     t = Timing(median_us=time_us, p10_us=time_us * (1 - spread), p90_us=time_us * (1 + spread), samples=10)
     case = CaseResult(case="1", kind=CaseKind.CONTEST, status=Status.PASSED, time=t, time_us=time_us,
                       baseline_us=100.0, rel_err=1e-3)
-    return EvalResult(status=Status.PASSED, language=Language.TRITON, device="cpu", source_sha256=sha,
+    return EvalResult(status=Status.PASSED, language=Language.TRITON, device=device, source_sha256=sha,
                       cases=[case], wall_s=0.0)
 
 
 class ScriptedEvaluator:
     """Times per source; a list gives successive timings (first evaluation, then re-times)."""
 
-    device = "cpu"
-
-    def __init__(self, times: dict[str, list], spread: float = 0.0):
-        self.times, self.spread, self.calls = times, spread, []
+    def __init__(self, times: dict[str, list], spread: float = 0.0, device: str = "cuda"):
+        self.times, self.spread, self.calls, self.device = times, spread, [], device
 
     def evaluate(self, source: str, language: Language, progress=None) -> EvalResult:
         self.calls.append(source)
         seq = self.times[source]
         value = seq.pop(0) if len(seq) > 1 else seq[0]
         if isinstance(value, Status):
-            return result(source, None, status=value)
-        return result(source, value, self.spread)
+            return result(source, None, status=value, device=self.device)
+        return result(source, value, self.spread, device=self.device)
 
 
 class ScriptedPlanner:
@@ -72,7 +73,7 @@ def make_run(tmp_path, task_dir):
                         timeout_s=10, min_gain=limits.get("min_gain", 0.01), patience=limits.get("patience", 5),
                         max_steps=limits.get("max_steps", 50))
         store = RunStore.create(tmp_path / "runs", cfg, "starter")
-        return store, Loop(store, task, planner, evaluator, Limits(**limits))
+        return store, Loop(store, task, planner, SerialPool(evaluator), Limits(**limits))
     return make
 
 
@@ -257,7 +258,7 @@ def test_resume_reevaluates_an_unfinished_step(make_run):
     # As if killed after saving step 2's proposal but before its result:
     store.save_proposal(2, Proposal(source="b", idea="try b"), Language.TRITON)
     planner = ScriptedPlanner([])
-    loop2 = Loop(store, loop.task, planner, ev, Limits())
+    loop2 = Loop(store, loop.task, planner, SerialPool(ev), Limits())
     loop2.run()
     steps = store.steps()
     assert [s.index for s in steps] == [0, 1, 2] and steps[2].idea == "try b"
@@ -340,7 +341,7 @@ def test_resume_reevaluates_an_unfinished_step_behind_the_last(make_run):
     (store.step_dir(2) / "result.json").unlink()
     (store.step_dir(2) / "candidate.py").unlink()
     assert store.unfinished()[0] == 2
-    loop2 = Loop(store, loop.task, ScriptedPlanner(["d"]), ev, Limits())
+    loop2 = Loop(store, loop.task, ScriptedPlanner(["d"]), SerialPool(ev), Limits())
     state = loop2.run()
     steps = store.steps()
     assert [s.index for s in steps] == [0, 1, 2, 3, 4] and steps[2].idea == "try b" and steps[4].idea == "try d"

@@ -14,6 +14,7 @@ from pathlib import Path
 from rich.console import Console
 
 from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
+from optagent.evaluation.serial_pool import SerialPool
 from optagent.cli.live import LiveProgress
 from optagent.search.loop import Limits, Loop
 from optagent.progress import Phase, Progress, Subject
@@ -70,12 +71,12 @@ def test_the_loop_stamps_steps_and_says_when_it_retimes(tmp_path, task_dir):
     store = RunStore.create(tmp_path / "runs", cfg, "starter")
     events: list[Progress] = []
     ev = PhasedEvaluator({"starter": [100.0], "fast": [85.0]})  # a 17% gain: re-timed back to back
-    Loop(store, task, ScriptedPlanner(["fast"]), ev, Limits(), progress=events.append).run()
+    Loop(store, task, ScriptedPlanner(["fast"]), SerialPool(ev), Limits(), progress=events.append).run()
     assert [(e.step, e.phase, e.subject) for e in events] == [
         (0, Phase.STARTING, Subject.CANDIDATE),
         (1, Phase.PROPOSING, Subject.CANDIDATE),
         (1, Phase.STARTING, Subject.CANDIDATE),
-        (1, Phase.STARTING, Subject.INCUMBENT_RETIME),
+        (0, Phase.STARTING, Subject.INCUMBENT_RETIME),  # the round's re-time: each event names its kernel
         (1, Phase.STARTING, Subject.CANDIDATE_RETIME),
         (2, Phase.PROPOSING, Subject.CANDIDATE),  # the planner is asked again, and has nothing more
     ]

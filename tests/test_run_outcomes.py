@@ -221,6 +221,8 @@ BAD_OPTIONS = {
     "--time-limit 0": (["--time-limit", "0"], "--time-limit: must be a positive number of seconds, got 0"),
     "--budget-usd -1": (["--budget-usd", "-1"], "--budget-usd: must be a number >= 0, got -1"),
     "--planner nope": (["--planner", "nope"], "--planner: invalid choice: 'nope'"),
+    "--width 0": (["--width", "0"], "--width: must be a whole number of candidates >= 1, got 0"),
+    "--width 1.5": (["--width", "1.5"], "--width: must be a whole number of candidates >= 1, got 1.5"),
 }
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from optagent.evaluation.serial_pool import SerialPool
 from optagent.protocols import PlannerContext, PlannerExhausted
 from optagent.schema import Language, Proposal, RunConfig, RunStatus, Status, StepOutcome, Usage
 from optagent.search import run_files
@@ -78,7 +79,7 @@ def new_run(root: Path, task_dir: Path) -> RunStore:
 
 
 def drive(path: Path, task_dir: Path, evaluator) -> object:
-    return Loop(RunStore(path), task_of(task_dir), IndexPlanner(), evaluator,
+    return Loop(RunStore(path), task_of(task_dir), IndexPlanner(), SerialPool(evaluator),
                 Limits(max_steps=len(PLAN), patience=100)).run()
 
 
@@ -227,7 +228,7 @@ def test_a_run_made_before_step_commits_still_resumes(tmp_path, task_dir):
     ev = ScriptedEvaluator({traj.best.source: [1e6], "worse": [1e9]})
     planner = type("P", (), {"name": "p", "model": None,
                              "propose": lambda self, ctx: Proposal(source="worse", idea="try worse")})()
-    state = Loop(store, task, planner, ev, Limits(max_steps=traj.candidates + 1, patience=100)).run()
+    state = Loop(store, task, planner, SerialPool(ev), Limits(max_steps=traj.candidates + 1, patience=100)).run()
     assert state.steps == len(before) + 1 and store.steps()[-1].outcome is StepOutcome.NOT_BETTER
     assert (run / "best" / "kernel.py").read_text() == kernel and store.steps()[:-1] == before
 
@@ -236,9 +237,23 @@ def _kill_driver(path: str, task_dir: str, delay_s: float) -> None:
     """Run as a subprocess: drive the run, each evaluation taking a little time, so a kill lands anywhere."""
     import time
 
+    import json
+
+    # The scripted machine's history outlives each process: a resumed round re-times a candidate whose first
+    # timing a killed process took, so its next timing must follow on, as it does in the in-process tests.
+    calls = Path(path + ".calls.json")
+
     class Slow(ScriptedEvaluator):
         def evaluate(self, source, language, progress=None):
             time.sleep(delay_s)
+            counts = json.loads(calls.read_text()) if calls.exists() else {}
+            seq = TIMES[source]
+            n = counts.get(source, 0)
+            self.times[source] = [seq[min(n, len(seq) - 1)]]
+            counts[source] = n + 1
+            tmp = calls.with_suffix(".tmp")
+            tmp.write_text(json.dumps(counts))
+            os.replace(tmp, calls)
             return super().evaluate(source, language, progress)
 
     print("ready", flush=True)

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from optagent.cli.options import add_runs_dir
 from optagent.cli.views import console, fmt, human_console, keep_ids_whole, print_eval, print_json
+from optagent.search.tree import best_step, lineage_text, parents
 from optagent.search.store import RunError, RunStore, list_runs, runs_dir
 
 
@@ -59,15 +60,18 @@ def cmd_show(a) -> int:
               markup=False, soft_wrap=True)
     t = Table(title_justify="left")
     tokens = any(s.usage.prompt_tokens or s.usage.completion_tokens for s in steps)
-    for col in ("step", "outcome", "status", "geomean", "geomean us") + (("tokens in/out",) if tokens else ()) + ("idea",):
+    up = parents(steps)
+    for col in ("step", "from", "outcome", "status", "geomean", "geomean us") + (("tokens in/out",) if tokens else ()) + ("idea",):
         t.add_column(col)
     for s in steps:
-        t.add_row(str(s.index), s.outcome.value, s.result.status.value if s.result else "-",
+        t.add_row(str(s.index), fmt(up.get(s.index), "d"), s.outcome.value, s.result.status.value if s.result else "-",
                   fmt(s.result.geomean_speedup if s.result else None, ".2f", "x"),
                   fmt(s.result.geomean_time_us if s.result else None, ".1f"),
                   *((token_text(s.usage),) if tokens else ()), s.idea[:80])
     con.print(t)
     if best:
+        con.print(f"lineage of the best (step {best_step(steps)}): {lineage_text(steps, best_step(steps), ideas=True)}",
+                  markup=False, soft_wrap=True)
         print_eval(con, best[1])
     for e in store.damage():  # files this view does not read, but resume or report would
         console(stderr=True).print(f"optagent: warning: {e}", markup=False, soft_wrap=True)

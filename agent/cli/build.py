@@ -29,8 +29,9 @@ def build_evaluator(task: TaskPackage, device: Device, cases: Optional[str], *, 
 
 
 def build_pool(evaluator: Evaluator, jobs: Optional[int] = None) -> Pool:
-    """The local pool over the sandboxed evaluator: `jobs` evaluations at once (default: from the
-    lanes and cores, evaluation/pool.py), one timing lane per visible GPU."""
+    """What evaluates a run's rounds: the local pool over the sandboxed evaluator, `jobs` evaluations
+    at once (default: from the lanes and cores, evaluation/pool.py), one timing lane per visible GPU.
+    (evaluation/serial_pool.py, one evaluation at a time, serves the loop's own tests.)"""
     from optagent.evaluation.pool import LocalPool
 
     assert isinstance(evaluator, SandboxEvaluator)
@@ -52,7 +53,7 @@ def run_memory(store: RunStore) -> Memory:
 
 def run_limits(config: RunConfig) -> Limits:
     return Limits(min_gain=config.min_gain, patience=config.patience, max_steps=config.max_steps,
-                  time_limit_s=config.time_limit_s, budget_usd=config.budget_usd)
+                  time_limit_s=config.time_limit_s, budget_usd=config.budget_usd, width=config.width)
 
 
 def prompt_rules(config: RunConfig, task: TaskPackage):

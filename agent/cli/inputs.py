@@ -84,6 +84,7 @@ SECONDS = number("a positive number of seconds", above=True)
 NON_NEGATIVE = number("a number >= 0")
 STEPS = number("a whole number of steps >= 0", integer=True)
 PATIENCE = number("a whole number of steps >= 1", integer=True, minimum=1)
+WIDTH = number("a whole number of candidates >= 1", integer=True, minimum=1)
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Optional
 
-from optagent.cli.inputs import NON_NEGATIVE, PATIENCE, SECONDS, STEPS, number
+from optagent.cli.inputs import NON_NEGATIVE, PATIENCE, SECONDS, STEPS, WIDTH, number
 from optagent.evaluation.evaluator import TIMEOUT_S
 from optagent.schema import Device, Language, PlannerKind, RunConfig
 from optagent.search.loop import Limits
@@ -57,6 +57,9 @@ def add_limit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=STEPS, default=d.max_steps,
                    help=f"at most this many candidates after the starter; 0 evaluates the starter only "
                         f"(default {d.max_steps})")
+    p.add_argument("--width", type=WIDTH, default=d.width,
+                   help=f"candidates proposed and evaluated per round, each from a parent chosen among the best "
+                        f"passing kernels; --max-steps still counts candidates (default {d.width})")
     p.add_argument("--time-limit", type=SECONDS, default=d.time_limit_s, help="stop after this many seconds")
     p.add_argument("--budget-usd", type=NON_NEGATIVE, default=d.budget_usd,
                    help="stop once LLM spending reaches this")

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from optagent.cli.build import build_evaluator, build_planner, run_evaluator, run_limits, run_memory
+from optagent.cli.build import build_evaluator, build_planner, build_pool, run_evaluator, run_limits, run_memory
 from optagent.cli.language import pick_language
 from optagent.cli.inputs import UserError, check_env
 from optagent.cli.options import (add_eval_options, add_limit_options, add_planner_options, add_pool_options,
@@ -61,13 +61,14 @@ def _drive(store: RunStore, task: TaskPackage, a, con, planner: Planner, evaluat
         con.print(f"run {store.path.name}: {task.name}, {cfg.language.value} on {cfg.device.value}, planner "
                   f"{planner.name}{' (' + planner.model + ')' if planner.model else ''}", soft_wrap=True)
         if cfg.device is Device.CPU:
-            con.print("CPU mode: Triton's interpreter on the smoke cases; times and speedups show that kernels "
-                      "work and compare them with each other, not how fast they are on a GPU", soft_wrap=True)
+            con.print("CPU mode: Triton's interpreter on the smoke cases; its times are not GPU times, so a run "
+                      "accepts on correctness alone: the best is the first kernel that passed, never replaced on "
+                      "a timing", soft_wrap=True)
         con.print(isolation_line(evaluator.planned_isolation), soft_wrap=True)
         memory = run_memory(store)
         con.print(memory.summary(), markup=False, soft_wrap=True)
-        state = Loop(store, task, planner, evaluator, run_limits(cfg), _progress(con, time.monotonic(), live),
-                     progress=live, memory=memory).run()
+        state = Loop(store, task, planner, build_pool(evaluator, a.jobs), run_limits(cfg),
+                     _progress(con, time.monotonic(), live), progress=live, memory=memory).run()
     finally:
         if live is not None:
             live.close()
@@ -115,7 +116,7 @@ def cmd_run(a) -> int:
                        request_timeout_s=a.request_timeout, max_tokens=int(a.max_tokens) if a.max_tokens else None,
                        temperature=a.temperature, cases=a.cases, hidden=not a.no_hidden, fresh=a.fresh,
                        timeout_s=a.timeout, min_gain=a.min_gain, patience=patience,
-                       max_steps=a.max_steps, time_limit_s=a.time_limit, budget_usd=a.budget_usd)
+                       max_steps=a.max_steps, width=a.width, time_limit_s=a.time_limit, budget_usd=a.budget_usd)
     evaluator = run_evaluator(config, task)  # a bad --cases fails before a run exists
     root = runs_dir(a.runs_dir)
     planner = _preflight(task, config)

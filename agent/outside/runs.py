@@ -110,7 +110,7 @@ def open_run(scope: Scope, run_id: str) -> tuple[RunStore, TaskPackage]:
 
 
 def _drive(store: RunStore, task: TaskPackage, proposals: list[Proposal], progress: Optional[ProgressSink]):
-    from optagent.cli.build import run_evaluator, run_limits, run_memory
+    from optagent.cli.build import build_pool, run_evaluator, run_limits, run_memory
     from optagent.search.loop import Loop
     from optagent.search.planners.external import ExternalPlanner
 
@@ -121,7 +121,9 @@ def _drive(store: RunStore, task: TaskPackage, proposals: list[Proposal], progre
     except RunError as e:
         raise OutsideError(str(e)) from None
     try:
-        loop = Loop(store, task, ExternalPlanner(proposals), run_evaluator(cfg, task), run_limits(cfg),
+        limits = run_limits(cfg)
+        limits.width = max(1, len(proposals))  # the agent's sources are one round
+        loop = Loop(store, task, ExternalPlanner(proposals), build_pool(run_evaluator(cfg, task)), limits,
                     progress=progress, memory=run_memory(store))
         state = loop.run()
     finally:
@@ -173,7 +175,7 @@ def propose(scope: Scope, run_id: str, sources: list[str], ideas: Optional[list[
         raise OutsideError(f"run {run_id} is driven by the {store.config.planner.value} planner, not by an "
                            "outside agent (optagent resume RUN --planner external hands it over)")
     proposals = [Proposal(source=s, idea=(ideas[i] if ideas else f"outside agent's kernel {i + 1}").strip()
-                          or "(no idea given)", meta={"parent": parent} if parent is not None else {})
+                          or "(no idea given)", parent=parent)
                  for i, s in enumerate(sources)]
     state, new, loop = _drive(store, task, proposals, progress)
     return _feedback(store, state, new, loop)

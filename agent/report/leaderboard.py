@@ -9,7 +9,7 @@ exported where a GPU run of the same task exists.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -18,6 +18,7 @@ from rich.table import Table
 
 from optagent.schema import Device, EvalResult, RunConfig
 from optagent.search.store import RunError, list_runs, unified_diff
+from optagent.search.tree import best_step, lineage
 from optagent.cli.views import fmt, keep_ids_whole
 
 
@@ -28,6 +29,11 @@ class Entry:
     starter: str
     result: EvalResult
     path: Path
+    lineage: list[int] = field(default_factory=list)  # step indices from the starter to the best kernel
+
+    @property
+    def lineage_text(self) -> str:
+        return ">".join(map(str, self.lineage)) or "-"
 
     @property
     def speedup(self) -> float:
@@ -70,7 +76,9 @@ def gather(root: Path, task: Optional[str] = None, damaged: Optional[list[Damage
             best = store.best()
             if best is None or best[1].geomean_speedup is None:
                 continue
-            entries.append(Entry(cfg, best[0], store.starter, best[1], store.path))
+            steps = store.steps()
+            chain = [s.index for s in lineage(steps, best_step(steps))]
+            entries.append(Entry(cfg, best[0], store.starter, best[1], store.path, chain))
         except RunError as e:
             if damaged is not None:
                 damaged.append(Damaged(store.path, str(e)))
@@ -104,10 +112,11 @@ def as_json(entries: list[Entry], damaged: Sequence[Damaged] = ()) -> list[dict]
     rows = [{"run_id": e.config.run_id, "task": e.config.task_name, "device": e.config.device.value,
              "language": e.config.language.value, "planner": e.config.planner.value, "model": e.config.model,
              "rank": rank[e.config.run_id], "ranked_by_speed": not e.cpu, "best_is_starter": e.is_starter,
-             "geomean_speedup": e.speedup, "mean_pct_of_floor": e.floor_pct, "path": str(e.path), "error": None}
+             "geomean_speedup": e.speedup, "mean_pct_of_floor": e.floor_pct, "lineage": e.lineage,
+             "path": str(e.path), "error": None}
             for e in entries]
     blank = dict.fromkeys(("task", "device", "language", "planner", "model", "rank", "ranked_by_speed",
-                           "best_is_starter", "geomean_speedup", "mean_pct_of_floor"))
+                           "best_is_starter", "geomean_speedup", "mean_pct_of_floor", "lineage"))
     return rows + [{"run_id": d.path.name, **blank, "path": str(d.path), "error": d.error} for d in damaged]
 
 
@@ -120,21 +129,22 @@ def print_board(con: Console, entries: list[Entry], diff: bool = False) -> None:
     gpu, cpu, rank = [e for e in entries if not e.cpu], [e for e in entries if e.cpu], ranks(entries)
     if gpu or not cpu:
         t = Table(title="leaderboard (GPU runs, ranked per task)", title_justify="left")
-        for col in ("rank", "task", "device", "geomean", "% floor", "kernel", "planner", "lang", "run"):
-            t.add_column(col, max_width=24 if col == "planner" else None)
+        for col in ("rank", "task", "device", "geomean", "% floor", "kernel", "lineage", "planner", "lang", "run"):
+            t.add_column(col, max_width=24 if col in ("planner", "lineage") else None)
         for e in gpu:
             t.add_row(str(rank[e.config.run_id]), e.config.task_name, e.result.device_name or e.config.device.value,
-                      f"{e.speedup:.2f}x", fmt(e.floor_pct, ".0f", "%"), e.kernel_note, _planner(e),
+                      f"{e.speedup:.2f}x", fmt(e.floor_pct, ".0f", "%"), e.kernel_note, e.lineage_text, _planner(e),
                       e.config.language.value, e.config.run_id)
         keep_ids_whole(t, -1, con)
         con.print(t)
     if cpu:
         t = Table(title=CPU_TITLE, title_justify="left", caption="a CPU run shows that a kernel works; its times "
                   "are the interpreter's, not GPU timings; newest first", caption_justify="left")
-        for col in ("task", "kernel", "planner", "lang", "run"):
-            t.add_column(col, max_width=24 if col == "planner" else None)
+        for col in ("task", "kernel", "lineage", "planner", "lang", "run"):
+            t.add_column(col, max_width=24 if col in ("planner", "lineage") else None)
         for e in cpu:
-            t.add_row(e.config.task_name, e.kernel_note, _planner(e), e.config.language.value, e.config.run_id)
+            t.add_row(e.config.task_name, e.kernel_note, e.lineage_text, _planner(e), e.config.language.value,
+                      e.config.run_id)
         keep_ids_whole(t, -1, con)
         con.print(t)
     if diff:

@@ -20,6 +20,7 @@ from markupsafe import Markup
 
 from optagent import __version__
 from optagent.schema import Device, EvalResult, Language, StepOutcome
+from optagent.search.tree import lineage
 from optagent.search.store import RunStore, atomic_write, read_text, unified_diff
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -124,6 +125,7 @@ class RunPage:
     highlight_css: Markup
     generated: str
     limits: list[tuple[str, str]] = field(default_factory=list)
+    lineage: list[tuple[int, str]] = field(default_factory=list)  # (step, idea) from the starter to the best
 
 
 def run_page(store: RunStore) -> RunPage:
@@ -212,7 +214,8 @@ def run_page(store: RunStore) -> RunPage:
         unfinished=(f"step {unfinished[0]} was proposed ({unfinished[1].idea}) but its evaluation never finished"
                     if unfinished else None),
         highlight_css=Markup(highlight_css()),  # noqa: S704 - generated CSS, no user text
-        generated=when(datetime.now(timezone.utc)), limits=limits)
+        generated=when(datetime.now(timezone.utc)), limits=limits,
+        lineage=[(s.index, s.idea) for s in lineage(steps, best_step)] if best_result and best_step is not None else [])
 
 
 def render_run_report(store: RunStore) -> str:

@@ -1,23 +1,28 @@
-"""propose -> evaluate -> record -> accept, until something says stop.
+"""propose a round -> evaluate it -> record each step -> accept, until something says stop.
 
 Stop conditions are exceptions. The run is read once, when the loop starts
-(trajectory.py); from then on the loop works from memory and writes each step's
-files once: its proposal when proposed, then its commit, step.json, which holds
-the step's result and any change of the best kernel (one rename: a killed run
-resumes by evaluating its uncommitted step again), then the best/ cache when the
-best changed, and the run's state.
+(trajectory.py); from then on the loop works from memory. A round of ``width``
+candidates (their parents chosen by parents.py) is proposed and each proposal
+saved before anything is evaluated; the Pool evaluates them, and each step is
+committed as its result arrives: step.json, one rename, holding its result and
+any change of the best. A candidate that may beat the incumbent is committed
+PENDING, and once the round is in, the round's comparison (accept.py: at most
+one back-to-back re-time) rewrites those steps with their final outcome, the
+winner last, carrying the new best. A killed run resumes by evaluating the
+steps without step.json, then deciding any PENDING ones.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
-from optagent.progress import Phase, Progress, ProgressSink, Subject, stamped
-from optagent.protocols import Evaluator, Memory, Planner, PlannerContext, PlannerExhausted, PlannerWaiting
+from optagent.progress import Phase, Progress, ProgressSink, Subject
+from optagent.protocols import Memory, Planner, PlannerContext, PlannerExhausted, PlannerWaiting, Pool, PoolJob
 from optagent.schema import BestRef, EvalResult, Proposal, RunState, RunStatus, Step, StepOutcome, now
+from optagent.search import accept, rounds
+from optagent.search.accept import CLEAR_GAIN, noise  # noqa: F401 (re-exported)
 from optagent.search.store import RunStore
 from optagent.search.trajectory import Best, Trajectory
 from optagent.task import TaskPackage
@@ -65,12 +70,7 @@ class Limits:
     # Consecutive planner errors (each already retried by retry.py) that end the run: an endpoint
     # that keeps failing would otherwise fill the run with empty steps until patience ran out.
     planner_failures: int = 3
-
-
-# A gain this large cannot be timing noise (the same kernel's eager geomean moved 0.5-6% between two
-# evaluations on an H200), so it is accepted without re-timing both kernels back to back:
-# that re-timing costs two more evaluations, minutes for the slow starters of big packages.
-CLEAR_GAIN = 0.25
+    width: int = 1  # candidates per round
 
 
 def _first_line(text: Optional[str], limit: int = 300) -> str:
@@ -78,61 +78,41 @@ def _first_line(text: Optional[str], limit: int = 300) -> str:
     return lines[0][:limit] if lines else "(no reason given)"
 
 
-def noise(result: EvalResult) -> float:
-    spreads = [c.time.spread for c in result.timed if c.time]
-    return statistics.median(spreads) if spreads else 0.0
-
-
 class Loop:
-    def __init__(self, store: RunStore, task: TaskPackage, planner: Planner, evaluator: Evaluator, limits: Limits,
+    def __init__(self, store: RunStore, task: TaskPackage, planner: Planner, pool: Pool, limits: Limits,
                  on_step: Callable[[Step, RunState], None] = lambda s, st: None,
                  progress: Optional[ProgressSink] = None, memory: Optional[Memory] = None):
-        self.store, self.task, self.planner, self.evaluator = store, task, planner, evaluator
+        self.store, self.task, self.planner, self.pool = store, task, planner, pool
         self.limits, self.on_step, self.progress, self.memory = limits, on_step, progress, memory
         self.config = store.config
         self.started = time.monotonic()
         self.trajectory: Optional[Trajectory] = None  # read in run()
-        self._best_changed = False  # by the step being evaluated: committed with its record
+        self.state = RunState(status=RunStatus.RUNNING, steps=0)
+        self._best_changed = False  # by the step being committed: written with its record
+        self._failures, self._last_failure = 0, ""  # consecutive planner errors
 
     def run(self) -> RunState:
         self.store.remove_leftovers()
         traj = self.trajectory = Trajectory.load(self.store)
         if traj.cache_stale:  # killed between a commit and the best/ cache it changed
             self.store.save_best(traj.best.source, traj.best.result)
-        state = self.store.state() or RunState(status=RunStatus.RUNNING, steps=0)
+        state = self.store.state() or self.state
         # the totals follow the steps: a kill between a step's record and the state's leaves the state behind
-        state = state.model_copy(update={"status": RunStatus.RUNNING, "reason": None, **self._totals()})
+        self.state = state.model_copy(update={"status": RunStatus.RUNNING, "reason": None, **self._totals()})
         for index, proposal in traj.unfinished:
             if proposal.source is not None and self.store.step_source(index) is None:  # removed by hand
                 self.store.save_candidate(index, proposal.source, self.config.language)
-        failures, last_failure = 0, ""  # consecutive planner errors
         try:
-            if not traj.steps:
-                traj.unfinished = [p for p in traj.unfinished if p[0] != 0]  # the starter is proposed afresh
-                state = self._step(0, Proposal(source=traj.starter, idea="the starter kernel"), state, saved=False)
+            if not traj.steps:  # the starter is proposed afresh
+                traj.unfinished = [p for p in traj.unfinished if p[0] != 0]
+                self._evaluate_round([(0, self._save(0, Proposal(source=traj.starter, idea="the starter kernel",
+                                                                 round=0)))])
             while True:
-                self._check_limits(state)
-                if traj.unfinished:  # killed mid-evaluation: evaluate the same proposal again
-                    index, proposal = traj.unfinished.pop(0)
-                    state = self._step(index, proposal, state, saved=True)
-                else:
-                    index = traj.next_index
-                    if self.progress:
-                        self.progress(Progress(phase=Phase.PROPOSING, step=index))
-                    try:
-                        proposal = self.planner.propose(self._context(index))
-                        failures = 0
-                    except PlannerWaiting as e:
-                        raise Waiting(str(e)) from None
-                    except PlannerExhausted as e:
-                        raise Exhausted(str(e) or "the planner has nothing more to try") from None
-                    except Exception as e:  # an endpoint that fails is a recorded step, not a crash
-                        failures, last_failure = failures + 1, f"{type(e).__name__}: {e}"
-                        proposal = Proposal(idea="(planner failed)", error=f"planner failed: {last_failure}")
-                    state = self._step(index, proposal, state, saved=False)
-                if failures >= self.limits.planner_failures:
-                    raise PlannerFailed(f"the planner failed {failures} times in a row, last: "
-                                        f"{_first_line(last_failure)}")
+                self._evaluate_round(traj.unfinished)  # a killed round's rest first, then each new round
+                traj.unfinished = []
+                self._accept_round()
+                self._check_limits()
+                traj.unfinished = self._propose_round()
         except Stop as stop:
             status, reason = stop.status, str(stop)
         except KeyboardInterrupt:
@@ -140,14 +120,110 @@ class Loop:
             reason = f"stopped by Ctrl-C; optagent resume {self.store.path.name} continues it"
         if status is not RunStatus.INTERRUPTED and traj.best is None:
             status, reason = RunStatus.FAILED, self._nothing_passed(reason)
-        state = state.model_copy(update={"status": status, "reason": reason, **self._totals(), "updated_at": now()})
-        self.store.save_state(state)
-        return state
+        self.state = self.state.model_copy(update={"status": status, "reason": reason, **self._totals(),
+                                                   "updated_at": now()})
+        self.store.save_state(self.state)
+        return self.state
 
-    def _step(self, index: int, proposal: Proposal, state: RunState, saved: bool) -> RunState:
-        if not saved:
-            self.store.save_proposal(index, proposal, self.config.language)
-        return self._record(self._evaluate(index, proposal), proposal.source, state)
+    def _save(self, index: int, proposal: Proposal) -> Proposal:
+        self.store.save_proposal(index, proposal, self.config.language)
+        return proposal
+
+    def _propose_round(self) -> list[tuple[int, Proposal]]:
+        """The next round's proposals, each saved before any is evaluated; cut to what --max-steps leaves."""
+        traj = self.trajectory
+        width = min(self.limits.width, self.limits.max_steps - traj.candidates)
+        start, round_no = traj.next_index, traj.next_round
+        if self.progress:
+            self.progress(Progress(phase=Phase.PROPOSING, step=start))
+        ctxs = rounds.contexts(self.task, self.config, traj, start, rounds.round_parents(traj, self.config, width),
+                               self._recall())
+        batch: list[tuple[int, Proposal]] = []
+        exhausted, waiting = "the planner has nothing more to try", None
+        for ctx, got in zip(ctxs, rounds.propose_all(self.planner, ctxs)):
+            if isinstance(got, PlannerWaiting):  # an outside agent's round is all in: the run pauses
+                waiting = str(got)
+                continue
+            if isinstance(got, PlannerExhausted):
+                exhausted = str(got) or exhausted
+                continue
+            if isinstance(got, Exception):  # an endpoint that fails is a recorded step, not a crash
+                self._failures, self._last_failure = self._failures + 1, f"{type(got).__name__}: {got}"
+                got = Proposal(idea="(planner failed)", error=f"planner failed: {self._last_failure}")
+            else:
+                self._failures = 0
+            index = start + len(batch)
+            parent = got.parent if got.parent is not None else ctx.parent_step  # an outside agent may name it
+            batch.append((index, self._save(index, got.model_copy(update={"parent": parent, "round": round_no}))))
+        if not batch:
+            raise Waiting(waiting) if waiting else Exhausted(exhausted)
+        return batch
+
+    def _evaluate_round(self, batch: Sequence[tuple[int, Proposal]]) -> None:
+        """Each step committed as its result arrives: a kill loses none that finished."""
+        if not batch:
+            return
+        proposals = dict(batch)
+        started = now()  # the pool says when a result arrives, not when its evaluation began
+        jobs = []
+        for index, proposal in batch:
+            if proposal.source is None:
+                self._commit(Step(**self._base(index, proposal, started), finished_at=now(),
+                                  outcome=StepOutcome.NO_KERNEL, error=proposal.error), None)
+            else:
+                jobs.append(PoolJob(index, proposal.source, self.config.language))
+        for job, result in self.pool.evaluate(jobs, progress=self.progress):
+            self._commit(self._arrived(job.key, proposals[job.key], result, started), job.source)
+
+    @staticmethod
+    def _base(index: int, proposal: Proposal, started) -> dict:
+        return dict(index=index, started_at=started, idea=proposal.idea, usage=proposal.usage,
+                    parent=proposal.parent, round=proposal.round)
+
+    def _arrived(self, index: int, proposal: Proposal, result: EvalResult, started) -> Step:
+        best = self.trajectory.best
+        if not result.status.ok:
+            outcome = StepOutcome.FAILED
+        elif best is None:
+            outcome = StepOutcome.BASELINE if index == 0 else StepOutcome.ACCEPTED
+            self._set_best(proposal.source, result, index)
+        else:
+            outcome = accept.first_look(best.result, result, self.limits.min_gain)
+        return Step(**self._base(index, proposal, started), finished_at=now(), outcome=outcome,
+                    candidate_sha256=result.source_sha256, result=result,
+                    error=result.reason if not result.status.ok else None)
+
+    def _accept_round(self) -> None:
+        """The round's PENDING steps decided together (accept.py), each rewritten; the winner's commit last."""
+        traj = self.trajectory
+        pending = traj.pending
+        if not pending:
+            return
+        best = traj.best
+        decision = accept.decide((best.step, best.source, best.result),
+                                 [(s.index, traj.sources[s.index], s.result) for s in pending],
+                                 self.limits.min_gain, self._retime)
+        order = sorted(pending, key=lambda s: s.index == decision.winner)
+        for k, s in enumerate(order):
+            v = decision.verdicts[s.index]
+            if s.index == decision.winner:
+                self._set_best(traj.sources[s.index], v.result, s.index)
+            elif decision.incumbent is not None and k == len(order) - 1:
+                self._set_best(best.source, decision.incumbent, best.step)
+            self._commit(s.model_copy(update={"outcome": v.outcome, "retime_note": v.note, "result": v.result,
+                                              "finished_at": now(), "error": v.result.reason
+                                              if not v.result.status.ok else None}), traj.sources[s.index])
+
+    def _retime(self, pairs: Sequence[tuple[int, str]]) -> list[EvalResult]:
+        """One back-to-back re-time on one lane: the incumbent first, then the round's candidates."""
+        incumbent = pairs[0][0]
+        sink = self.progress
+
+        def relay(event: Progress) -> None:
+            retimed = Subject.INCUMBENT_RETIME if event.step == incumbent else Subject.CANDIDATE_RETIME
+            sink(event.model_copy(update={"subject": retimed}))
+        jobs = [PoolJob(key, source, self.config.language) for key, source in pairs]
+        return self.pool.retime(jobs, progress=relay if sink else None)
 
     def _nothing_passed(self, stopped: str) -> str:
         """Why a run without a single passing kernel failed: the starter's verdict first."""
@@ -163,8 +239,11 @@ class Loop:
         after = f"; nor did the {tried} candidate(s) after it" if tried else ""
         return f"no kernel passed: {why}{after} (stopped: {stopped})"
 
-    def _check_limits(self, state: RunState) -> None:
-        done = self.trajectory.candidates
+    def _check_limits(self) -> None:
+        done, state = self.trajectory.candidates, self.state
+        if self._failures >= self.limits.planner_failures:
+            raise PlannerFailed(f"the planner failed {self._failures} times in a row, last: "
+                                f"{_first_line(self._last_failure)}")
         if done >= self.limits.max_steps:
             raise MaxSteps(f"--max-steps {self.limits.max_steps}: {done} candidate(s) after the starter")
         if self.limits.time_limit_s and time.monotonic() - self.started >= self.limits.time_limit_s:
@@ -179,87 +258,24 @@ class Loop:
         """What the planner would be given next (outside agents read it; the run need not be driven)."""
         if self.trajectory is None:
             self.trajectory = Trajectory.load(self.store)
-        return self._context(self.trajectory.next_index)
-
-    def _context(self, index: int) -> PlannerContext:
         traj = self.trajectory
-        language = self.config.language
-        return PlannerContext(
-            task_name=self.task.name, title=self.task.title, statement=self.task.statement,
-            contract=self.task.contracts.get(language, ""), language=language, starter_source=traj.starter,
-            best_source=traj.best.source if traj.best else traj.starter,
-            best_result=traj.best.result if traj.best else None,
-            attempts=list(traj.attempts), gpu=traj.gpu_facts(), step_index=index,
-            memory=self.memory.recall() if self.memory else None)
+        parents = rounds.round_parents(traj, self.config, 1)
+        return rounds.contexts(self.task, self.config, traj, traj.next_index, parents, self._recall())[0]
 
-    def _evaluate(self, index: int, proposal: Proposal) -> Step:
-        started = now()
-        base = dict(index=index, started_at=started, idea=proposal.idea, usage=proposal.usage)
-        if proposal.source is None:
-            return Step(**base, finished_at=now(), outcome=StepOutcome.NO_KERNEL, error=proposal.error)
-        language = self.config.language
-        result = self.evaluator.evaluate(proposal.source, language, progress=stamped(self.progress, step=index))
-        sha = result.source_sha256
-        best = self.trajectory.best
-        if not result.status.ok:
-            outcome, note = StepOutcome.FAILED, None
-        elif best is None:
-            outcome, note = (StepOutcome.BASELINE if index == 0 else StepOutcome.ACCEPTED), None
-            self._save_best(proposal.source, result, index)
-        else:
-            outcome, note, result = self._compare(best, proposal.source, result, index)
-        return Step(**base, finished_at=now(), outcome=outcome, candidate_sha256=sha, result=result,
-                    retime_note=note, error=result.reason if not result.status.ok else None)
+    def _recall(self):
+        return self.memory.recall() if self.memory else None
 
-    def _save_best(self, source: str, result: EvalResult, step: Optional[int]) -> None:
-        """In memory only: the change is written with the step's commit, in _record."""
+    def _set_best(self, source: str, result: EvalResult, step: Optional[int]) -> None:
+        """In memory only: the change is written with the step's commit, in _commit."""
         self.trajectory.best = Best(source, result, step)
         self._best_changed = True
-
-    def _compare(self, best: Best, source: str, result: EvalResult, index: int):
-        """Noise-aware acceptance: faster by more than the spread, re-timed back to back."""
-        best_source, best_result = best.source, best.result
-        t_best, t_new = best_result.geomean_time_us, result.geomean_time_us
-        gain = t_best / t_new - 1 if t_best and t_new else None
-        if gain is None or gain <= self.limits.min_gain:
-            return StepOutcome.NOT_BETTER, None, result
-        spread = max(noise(best_result), noise(result))
-        if gain > max(CLEAR_GAIN, 3 * spread):
-            self._save_best(source, result, index)
-            return StepOutcome.ACCEPTED, (f"gain {gain:+.1%} over the incumbent's recorded timing, far above the "
-                                          f"noise ({spread:.1%}): not re-timed"), result
-        language = self.config.language
-        again_best = self.evaluator.evaluate(
-            best_source, language, progress=stamped(self.progress, step=index, subject=Subject.INCUMBENT_RETIME))
-        again_new = self.evaluator.evaluate(
-            source, language, progress=stamped(self.progress, step=index, subject=Subject.CANDIDATE_RETIME))
-        fresh = bool(again_best.status.ok and again_best.geomean_time_us)
-        if not again_new.status.ok:
-            outcome, note, kept = StepOutcome.FAILED, "failed when re-timed", again_new
-        elif not fresh or not again_new.geomean_time_us:
-            outcome, note, kept = StepOutcome.NOT_BETTER, "the incumbent could not be re-timed", result
-        else:
-            gain = again_best.geomean_time_us / again_new.geomean_time_us - 1
-            spread = max(noise(again_best), noise(again_new))
-            note = (f"re-timed back to back: incumbent {again_best.geomean_time_us:.1f} us, candidate "
-                    f"{again_new.geomean_time_us:.1f} us (geomean), gain {gain:+.1%}, noise {spread:.1%}")
-            if gain > max(self.limits.min_gain, spread):
-                self._save_best(source, again_new, index)
-                return StepOutcome.ACCEPTED, note, again_new
-            outcome, kept = StepOutcome.NOT_BETTER, again_new
-        if fresh:
-            # The incumbent stays; its record becomes this timing, side by side with the candidate's: a
-            # record taken on a slow stretch of the host would let a later candidate that is no faster
-            # clear CLEAR_GAIN against it unchecked (and shows a best slower than the candidates that lost).
-            self._save_best(best_source, again_best, best.step)
-        return outcome, note, kept
 
     def _totals(self) -> dict:
         traj = self.trajectory
         return dict(steps=len(traj.steps), best_step=traj.best_step, usage=traj.usage,
                     best_geomean_speedup=traj.best_speedup)
 
-    def _record(self, step: Step, source: Optional[str], state: RunState) -> RunState:
+    def _commit(self, step: Step, source: Optional[str]) -> None:
         """The step's commit (its record, result and any change of the best), then the caches that follow it."""
         traj, changed = self.trajectory, self._best_changed
         self._best_changed = False
@@ -272,7 +288,9 @@ class Loop:
         if changed:
             self.store.save_best(traj.best.source, traj.best.result)
         traj.add(step, source)
-        state = state.model_copy(update={**self._totals(), "updated_at": now()})
-        self.store.save_state(state)
-        self.on_step(step, state)
-        return state
+        self.state = self.state.model_copy(update={**self._totals(), "updated_at": now()})
+        self.store.save_state(self.state)
+        if step.outcome is not StepOutcome.PENDING:  # a PENDING step is shown once decided
+            if self.memory:  # after the commit: a kill in between is repaired by the next run's backfill
+                self.memory.record(step)
+            self.on_step(step, self.state)

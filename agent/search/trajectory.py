@@ -12,8 +12,11 @@ from typing import NamedTuple, Optional
 from optagent.protocols import Attempt, GpuFacts, redact
 from optagent.schema import BestRef, EvalResult, Proposal, Step, StepOutcome, Usage
 from optagent.search.store import RunStore
+from optagent.search.tree import KEEPS_BEST
 
-KEEPS_BEST = (StepOutcome.ACCEPTED, StepOutcome.BASELINE)
+# A candidate that counts as progress for --patience: accepted, or, on the CPU where nothing is accepted on a
+# timing, passed (accept.py): patience there counts the candidates since the last one that passed.
+PROGRESS = (StepOutcome.ACCEPTED, StepOutcome.PASSED)
 
 
 class Best(NamedTuple):
@@ -43,6 +46,8 @@ class Trajectory:
         self.candidates = 0  # steps after the starter
         self.streak = 0  # candidates since the last accepted one
         self.gpu: Optional[dict] = None  # the latest measured device's facts
+        self.children: dict[int, int] = {}  # step -> how many finished steps were derived from it
+        self.last_round: Optional[int] = None
 
     @classmethod
     def load(cls, store: RunStore) -> "Trajectory":
@@ -77,13 +82,19 @@ class Trajectory:
         self.sources[step.index] = source
         self.attempts.append(redact(step, source))
         self.usage = self.usage + step.usage
+        # the parent as tree.parents reads it: runs before rounds built on the best of their time
+        parent = step.parent if step.round is not None else (self.best_step if step.index > 0 else None)
+        if parent is not None:
+            self.children[parent] = self.children.get(parent, 0) + 1
+        if step.round is not None:
+            self.last_round = max(step.round, self.last_round or 0)
         if step.outcome in KEEPS_BEST:
             self.best_step = step.index
         if step.best is not None and (self.best_ref is None or step.best.seq > self.best_ref.seq):
             self.best_ref = step.best
         if step.index > 0:
             self.candidates += 1
-            self.streak = 0 if step.outcome is StepOutcome.ACCEPTED else self.streak + 1
+            self.streak = 0 if step.outcome in PROGRESS else self.streak + 1
         if step.result is not None and step.result.gpu:
             self.gpu = step.result.gpu
 
@@ -93,7 +104,17 @@ class Trajectory:
 
     @property
     def next_index(self) -> int:
-        return len(self.steps)
+        return max([s.index for s in self.steps] + [i for i, _ in self.unfinished], default=-1) + 1
+
+    @property
+    def next_round(self) -> int:
+        rounds = [r for r in [self.last_round] + [p.round for _, p in self.unfinished] if r is not None]
+        return max(rounds) + 1 if rounds else int(bool(self.steps))
+
+    @property
+    def pending(self) -> list[Step]:
+        """Committed steps whose round's comparison has not been made (accept.py)."""
+        return [s for s in self.steps if s.outcome is StepOutcome.PENDING]
 
     @property
     def best_speedup(self) -> Optional[float]:

@@ -7,7 +7,8 @@ feedback of a reply that could not be applied, shown in the next prompt.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Optional, Union
 
 from optagent.llm import feedback as fb
 from optagent.llm.feedback import Rules
@@ -104,6 +105,28 @@ def _ledger_row(a: Attempt) -> dict[str, Any]:
     return {"index": a.index, "idea": a.idea, "outcome": a.outcome, "effect": _effect(a)}
 
 
+def _tree_view(ctx: PlannerContext) -> dict[str, Any]:
+    """The slot's place in the tree: its parent, the ideas along its lineage, its siblings, its direction."""
+    incumbent = ctx.incumbent_result
+    return {
+        "parent": ctx.parent_step,
+        "on_incumbent": ctx.parent_step is None or ctx.parent_step == ctx.incumbent_step,
+        "incumbent_step": ctx.incumbent_step,
+        "incumbent_geomean": _num(incumbent.geomean_speedup if incumbent else None, ".3f"),
+        "lineage": [{"index": a.index, "idea": a.idea, "effect": _effect(a)} for a in ctx.lineage
+                    if a.outcome != StepOutcome.BASELINE.value],
+        "siblings": [{"index": a.index, "idea": a.idea, "outcome": a.outcome, "effect": _effect(a)}
+                     for a in ctx.siblings[-LEDGER_MAX:]],
+        "slot": ctx.slot,
+        "width": ctx.width,
+        "other_parents": sorted({p for k, p in enumerate(ctx.round_parents) if k != ctx.slot}),
+    }
+
+
+def on_cpu(ctx: PlannerContext) -> bool:
+    return ctx.on_cpu or bool(ctx.best_result and ctx.best_result.on_cpu)
+
+
 def prompt_vars(ctx: PlannerContext, feedback: str = "", whole_file: bool = False,
                 edit_failures: int = 0, rules: Optional[Rules] = None) -> dict[str, Any]:
     tried = [a for a in ctx.attempts if a.outcome != StepOutcome.BASELINE.value]
@@ -132,6 +155,8 @@ def prompt_vars(ctx: PlannerContext, feedback: str = "", whole_file: bool = Fals
         "whole_file": whole_file,
         "edit_failures": edit_failures,
         "memory": memory_view(ctx.memory),
+        "tree": _tree_view(ctx),
+        "on_cpu": on_cpu(ctx),
     }
 
 
@@ -187,6 +212,27 @@ class LLMPlanner:
         self._feedback = ""  # rendered edit_failed.j2 for the next prompt
 
     def propose(self, ctx: PlannerContext) -> Proposal:
+        proposal, failure = self._ask(ctx)
+        self._remember(failure)
+        return proposal
+
+    def propose_round(self, ctxs: list[PlannerContext]) -> list[Union[Proposal, Exception]]:
+        """The round's requests sent at once, one thread each (each retried by retry.py's policy);
+        a request that still fails is its slot's outcome."""
+        with ThreadPoolExecutor(max_workers=max(1, len(ctxs))) as pool:
+            futures = [pool.submit(self._ask, ctx) for ctx in ctxs]
+        out: list[Union[Proposal, Exception]] = []
+        for future in futures:
+            error = future.exception()
+            if error is not None:
+                out.append(error)
+                continue
+            proposal, failure = future.result()
+            self._remember(failure)  # in slot order: the next round hears of the last failed reply
+            out.append(proposal)
+        return out
+
+    def _ask(self, ctx: PlannerContext) -> tuple[Proposal, Optional[Exception]]:
         whole_file = self._edit_failures >= self.max_edit_failures
         messages = build_messages(ctx, self._feedback, whole_file, self._edit_failures, self.rules)
         reply = self.llm.complete(messages)  # errors left after retry.py's policy go to the loop
@@ -211,8 +257,7 @@ class LLMPlanner:
             proposal, failure = proposal_from_reply(reply.text, ctx, usage, messages,
                                                     idea=extract_idea(reply.text) or idea)
         proposal.meta.update(whole_file_requested=whole_file, repairs=repairs, reasoning_chars=reasoning)
-        self._remember(failure)
-        return proposal
+        return proposal, failure
 
     def _remember(self, failure: Optional[Exception]) -> None:
         if failure is None:

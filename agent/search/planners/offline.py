@@ -12,8 +12,9 @@ already tried (both in the PlannerContext).
 2. Generic candidates for the best kernel (search/generic.py): transformations that fit any
    kernel, joint moves of a launch's tile and warps, a pattern search over every knob, the
    undeclared launch literals included; a package without strategies starts here.
-3. Knob search around the best kernel: one knob at a time, every listed value
-   (coordinate descent), nearest values first.
+3. Knob search around the kernel given (the slot's parent: the best kernel, or another
+   passing one in a round wider than 1): one knob at a time, every listed value
+   (coordinate descent), nearest values first. A round takes the next K settings.
 
 With memory across runs (PlannerContext.memory, search/memory.py), the first candidate is the
 best kernel earlier runs kept on this bench (device, device name, language, cases), and a kernel
@@ -25,7 +26,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
 
 from optagent.search.generic import generic_candidates
 from optagent.search.knobs import find_knobs, set_knobs
@@ -87,7 +88,18 @@ class OfflinePlanner:
         self.strategies = load_strategies(language, family, params, package=package_strategies)
 
     def propose(self, ctx: PlannerContext) -> Proposal:
-        tried = {sha(ctx.starter_source), sha(ctx.best_source)}
+        got = self.propose_round([ctx])[0]
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def propose_round(self, ctxs: list[PlannerContext]) -> list[Union[Proposal, Exception]]:
+        """The next setting for each slot, from its parent (ctx.best_source), none proposed twice in a round."""
+        taken: set[str] = set()
+        return [self._next(ctx, taken) for ctx in ctxs]
+
+    def _next(self, ctx: PlannerContext, taken: set[str]) -> Union[Proposal, Exception]:
+        tried = {sha(ctx.starter_source), sha(ctx.best_source)} | taken
         times: dict[str, float] = {}
         for a in ctx.attempts:
             if a.source is not None:
@@ -97,6 +109,7 @@ class OfflinePlanner:
         memory = ctx.memory
         known = memory.best if memory else None
         if known is not None and sha(known.source) not in tried:  # start from what earlier runs reached
+            taken.add(sha(known.source))
             e = known.entry
             return Proposal(source=known.source, idea=f"best known from run {e.run_id} step {e.step} "
                             f"({e.speedup:.3g}x on {describe_bench(e.bench)})",
@@ -118,8 +131,9 @@ class OfflinePlanner:
             if skipped:
                 idea += f" ({skipped} setting(s) before it skipped: measured by earlier runs)"
                 meta = {**meta, "skipped_measured": skipped}
+            taken.add(h)
             return Proposal(source=source, idea=idea, meta=meta)
-        raise PlannerExhausted("every strategy and every knob neighbour of the best kernel was tried" + (
+        return PlannerExhausted("every strategy and every knob neighbour of the kernels given was tried" + (
             f" ({skipped} of them by earlier runs on {describe_bench(memory.bench)})" if skipped else ""))
 
     def _candidates(self, ctx: PlannerContext, times: dict[str, float]) -> Iterator[tuple[str, str, dict]]:

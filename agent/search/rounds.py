@@ -1,0 +1,84 @@
+"""A round's proposals: each slot's parent (parents.py), its planner context, and the planner asked once.
+
+A planner with ``propose_round`` (protocols.RoundPlanner) gets the round's contexts together; any other
+is asked slot by slot with ``propose``, each slot's exception kept as that slot's outcome.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from optagent.protocols import Attempt, Planner, PlannerContext, PlannerExhausted, RoundPlanner, SlotOutcome
+from optagent.schema import Device, RunConfig, StepOutcome
+from optagent.search.parents import Node, choose_parents
+from optagent.search.trajectory import Trajectory
+from optagent.search.tree import lineage, parents as tree_parents
+from optagent.task import TaskPackage
+
+NODES = (StepOutcome.BASELINE, StepOutcome.ACCEPTED, StepOutcome.NOT_BETTER, StepOutcome.PASSED)
+
+
+def nodes(traj: Trajectory) -> list[Node]:
+    """The passing kernels, with how many steps (finished or proposed) were derived from each."""
+    kids: dict[int, int] = dict(traj.children)
+    for _, proposal in traj.unfinished:
+        if proposal.parent is not None:
+            kids[proposal.parent] = kids.get(proposal.parent, 0) + 1
+    return [Node(s.index, s.result.geomean_time_us, kids.get(s.index, 0)) for s in traj.steps
+            if s.outcome in NODES and s.result is not None and s.result.status.ok]
+
+
+def round_parents(traj: Trajectory, config: RunConfig, width: int) -> list[Optional[int]]:
+    """Each slot's parent step; None (the starter's source) while no kernel has passed."""
+    best = traj.best.step if traj.best else None
+    if best is None:
+        return [None] * width
+    return list(choose_parents(nodes(traj), best, width, config.run_id, traj.next_round,
+                               cpu=config.device is Device.CPU or traj.best.result.on_cpu))
+
+
+def contexts(task: TaskPackage, config: RunConfig, traj: Trajectory, start: int,
+             parents: list[Optional[int]], memory=None) -> list[PlannerContext]:
+    """Each slot's context; memory is what the task's ledger recalls (the same for every slot)."""
+    attempts: dict[int, Attempt] = {a.index: a for a in traj.attempts}
+    incumbent = traj.best
+    up = tree_parents(traj.steps)
+    out = []
+    for slot, parent in enumerate(parents):
+        source, result, chain, siblings = traj.starter, None, [], []
+        if incumbent is not None and parent == incumbent.step:
+            source, result = incumbent.source, incumbent.result
+        elif parent is not None:
+            source, result = traj.sources.get(parent) or traj.starter, attempts[parent].result
+        if parent is not None:
+            chain = [attempts[s.index] for s in lineage(traj.steps, parent)]
+            siblings = [a for a in traj.attempts if up.get(a.index) == parent]
+        out.append(PlannerContext(
+            task_name=task.name, title=task.title, statement=task.statement,
+            contract=task.contracts.get(config.language, ""), language=config.language,
+            starter_source=traj.starter, best_source=source, best_result=result,
+            attempts=list(traj.attempts), gpu=traj.gpu_facts(), step_index=start + slot,
+            parent_step=parent, incumbent_step=incumbent.step if incumbent else None,
+            incumbent_result=incumbent.result if incumbent else None,
+            lineage=chain, siblings=siblings,
+            slot=slot, width=len(parents), round_parents=[p for p in parents if p is not None],
+            on_cpu=config.device is Device.CPU, memory=memory))
+    return out
+
+
+def propose_all(planner: Planner, ctxs: list[PlannerContext]) -> list[SlotOutcome]:
+    if isinstance(planner, RoundPlanner):
+        outcomes = list(planner.propose_round(ctxs))
+        if len(outcomes) != len(ctxs):
+            raise RuntimeError(f"the planner answered {len(outcomes)} of {len(ctxs)} slots")
+        return outcomes
+    out: list[SlotOutcome] = []
+    for ctx in ctxs:
+        try:
+            out.append(planner.propose(ctx))
+        except PlannerExhausted as e:  # the later slots would find nothing either
+            out += [e] * (len(ctxs) - len(out))
+            break
+        except Exception as e:  # an endpoint that fails is that slot's outcome, recorded as a step
+            out.append(e)
+    return out
