@@ -98,3 +98,13 @@ class Phase(str, enum.Enum):
     CASE = "case"  # running and checking the kernel on a case
     TIMING = "timing"  # timing the kernel on a case
     JUDGING = "judging"  # the trusted judge checks the saved outputs
+
+
+class StepOutcome(str, enum.Enum):
+    ACCEPTED = "ACCEPTED"  # became the new best
+    NOT_BETTER = "NOT_BETTER"
+    FAILED = "FAILED"  # the candidate did not pass
+    NO_KERNEL = "NO_KERNEL"  # the planner's reply held no usable kernel
+    BASELINE = "BASELINE"  # step 0: the starter
+    PASSED = "PASSED"  # passed on the CPU: a node that may be a parent, never the best on a timing
+    PENDING = "PENDING"  # passed and faster: decided with its round's comparison (loop.py)

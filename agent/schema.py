@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validat
 
 # The enums live in their own module; every record module imports them from here.
 from optagent.enums import (SEVERITY, CaseKind, Device, FloorKind, Language, PlannerKind, RunStatus,  # noqa: F401
-                            Status, TimerKind, Word)
+                            Status, StepOutcome, TimerKind, Word)
 from optagent.kernel_facts import KernelFacts  # noqa: F401 (a part of CaseResult, apart for its length)
 from optagent.costs import Costs
 
@@ -222,16 +222,6 @@ class Proposal(Record):
         if (self.source is None) == (self.error is None):
             raise ValueError("a proposal carries either a source or an error")
         return self
-
-
-class StepOutcome(str, enum.Enum):
-    ACCEPTED = "ACCEPTED"  # became the new best
-    NOT_BETTER = "NOT_BETTER"
-    FAILED = "FAILED"  # the candidate did not pass
-    NO_KERNEL = "NO_KERNEL"  # the planner's reply held no usable kernel
-    BASELINE = "BASELINE"  # step 0: the starter
-    PASSED = "PASSED"  # passed on the CPU: a node that may be a parent, never the best on a timing
-    PENDING = "PENDING"  # passed and faster: decided with its round's comparison (loop.py)
 
 
 class BestRef(Record):

@@ -26,7 +26,7 @@ from optagent.evaluation.lanes import Control
 from optagent.evaluation.limits import limits_for, record
 from optagent.evaluation.native_build import native_timer
 from optagent.evaluation.sandbox import WorkerRun, keep_scratch, new_scratch, remove_scratch, run_worker
-from optagent.evaluation.verdict import assemble
+from optagent.evaluation.verdict import assemble, timed_by_timer
 from optagent.messages import Baseline, CaseSpec, Done, Job, Probed, TimingSpec, WorkerError
 from optagent.progress import Phase, PipeRelay, Progress, ProgressSink
 from optagent.schema import CaseKind, Device, EvalResult, Isolation, Language, Status, TimerKind
@@ -164,13 +164,16 @@ class SandboxEvaluator:
         return EvalResult.model_validate_json(redact(result.model_dump_json()))
 
     def time_baselines(self, gate: Optional[Control] = None) -> WorkerRun:
-        """The baseline job: the baselines alone, in a process with no candidate code, in `gate`'s lane."""
+        """The baseline job: the baselines alone, in a process with no candidate code, in `gate`'s lane,
+        timed by the native timer as candidates are; its Baseline messages carry the timer's figures,
+        and none at all when its records do not hold (the evaluations then say they have no baseline)."""
         scratch, nonce = new_scratch(self.scratch_root)
         try:
-            return run_worker(self._job("baseline", scratch, nonce), self.timeout_s,
-                              on_message=gate.on_message if gate else None, control=gate)
+            job = self._job("baseline", scratch, nonce, timer=native_timer())
+            run = run_worker(job, self.timeout_s, on_message=gate.on_message if gate else None, control=gate)
         finally:
             remove_scratch(scratch)
+        return timed_by_timer(job, run)
 
     def _job(self, mode: str, scratch: Path, nonce: str, **fields) -> Job:
         return Job(mode=mode, task_dir=str(self.task.root), device=self.device, cases=self.cases,

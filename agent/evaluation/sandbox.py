@@ -120,7 +120,7 @@ def run_worker(job: Job, timeout_s: float, on_message: Optional[Callable[[Messag
     marker = secrets.token_hex(16)
     mech = isolation.mechanism()
     limits = limits_for(job.device)
-    report = ReportPipe() if job.mode == "candidate" and job.timer is not None else None
+    report = ReportPipe() if job.mode in ("candidate", "baseline") and job.timer is not None else None
     argv, env = _command(job, scratch, job_file, wfd, marker, mech, limits)
     control = control or Control()
     env.update(control.env)

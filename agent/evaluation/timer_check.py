@@ -91,7 +91,8 @@ def check_records(job: Job, records: list[Stamped], foreign: int, baselines: lis
         best = min(ends, key=lambda e: (e.host_slow, e.median_us))
         out.timings[key] = Timing(**best.model_dump(include={"median_us", "p10_us", "p90_us", "samples",
                                                              "slow_host_calls", "host_slow"}))
-    wanted = [(m.case, LoopKind.BASELINE) for m in baselines]
+    # a pool's candidate job takes no baselines: its lane's baseline job did, checked alike (evaluator.py)
+    wanted = [(m.case, LoopKind.BASELINE) for m in baselines] if job.time_baseline else []
     wanted += [(m.case, LoopKind.EAGER) for m in ran if m.case in timed]
     wanted += [(m.case, LoopKind.GPU) for m in ran if m.case in timed and m.gpu is not None]
     missing = [k for k in wanted if k not in out.timings]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import replace
 from typing import Callable, Optional, TypeVar, Union
 
 from optagent.evaluation.limits import over_memory
@@ -18,7 +19,7 @@ from optagent.evaluation.timer_check import Checked, check_records, with_timings
 from optagent.messages import (Baseline, CaseFailed, CaseRan, CaseSpec, CaseStart, Compiled, Done, Hello, Integrity,
                                Job, LaneReleased, LaneWanted, Verdict, WorkerError)
 from optagent.schema import CaseResult, Device, EvalResult, FloorKind, Isolation, Status, TimerKind, worst
-from optagent.timer_records import expected_checked, parse_reports
+from optagent.timer_records import LoopKind, expected_checked, parse_reports
 
 # Triton compiles at the first call; under the CPU interpreter the same mistakes
 # surface as an InterpreterError wrapping the Python error.
@@ -184,6 +185,19 @@ def _claimed(job: Job, run: WorkerRun, error: Optional[WorkerError],
                                     baseline_us=base.timing.median_us if base else None, load_ms=msg.load_ms, **row))
             ran.append(spec)
     return cases, ran
+
+
+def timed_by_timer(job: Job, run: WorkerRun) -> WorkerRun:
+    """A baseline job's run with its Baseline timings taken from the native timer's records; without
+    its records (or with records that do not hold) it keeps no Baseline at all."""
+    if job.timer is None:
+        return run
+    checked = _timer_records(job, run)
+    if checked.reason:
+        return replace(run, messages=[m for m in run.messages if not isinstance(m, Baseline)])
+    timings = checked.timings
+    return replace(run, messages=[m.model_copy(update={"timing": timings[(m.case, LoopKind.BASELINE)]})
+                                  if isinstance(m, Baseline) else m for m in run.messages])
 
 
 def _timer_records(job: Job, run: WorkerRun) -> Checked:

@@ -171,6 +171,10 @@ def propose(scope: Scope, run_id: str, sources: list[str], ideas: Optional[list[
     if empty:
         raise OutsideError(f"propose: source {empty[0]} is empty: pass each kernel's whole text")
     store, task = open_run(scope, run_id)
+    passing = {s.index for s in store.steps() if s.result is not None and s.result.status.ok}
+    if parent is not None and parent not in passing:
+        raise OutsideError(f"propose: parent {parent} is not a passing step of run {run_id} "
+                           f"(passing: {', '.join(map(str, sorted(passing))) or 'none'})")
     if store.config.planner is not PlannerKind.EXTERNAL:
         raise OutsideError(f"run {run_id} is driven by the {store.config.planner.value} planner, not by an "
                            "outside agent (optagent resume RUN --planner external hands it over)")

@@ -28,11 +28,13 @@ def main() -> None:
     job_file.unlink()  # it holds the nonce and the seed: gone before any candidate code runs
     chan = Channel(int(sys.argv[2]), job.nonce)
     try:
-        if job.mode == "candidate":
-            if job.timer is not None:  # argv: ... RESULT_FD SECRET_FD REPORT_FD; before any candidate code
-                from optagent.worker import timers
+        if job.mode in ("candidate", "baseline") and job.timer is not None:
+            # argv: ... RESULT_FD SECRET_FD REPORT_FD; before any candidate code. The baseline job's
+            # timings come from the same timer, so a pool's speedups compare like with like.
+            from optagent.worker import timers
 
-                timers.NATIVE = timers.load_native(job.timer, job, int(sys.argv[3]), int(sys.argv[4]))
+            timers.NATIVE = timers.load_native(job.timer, job, int(sys.argv[3]), int(sys.argv[4]))
+        if job.mode == "candidate":
             from optagent.worker.candidate import Candidate
 
             Candidate(job, chan).run()
