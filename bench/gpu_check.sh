@@ -210,6 +210,12 @@ decode_eval() {  # the decode Triton starter once: its table, isolation, cost sp
   grep -E "^(PASSED|FAILED|isolation|cost|timer)|registers|spill" "$OUT/decode_starter.log" | head -12
 }
 
+width_bench() {  # issue 20: the offline decode search at width 1 and 4, WIDTH_LIMIT seconds each (bench/search_width.py)
+  timeout $(( 2 * ${WIDTH_LIMIT:-190} + 160 )) python3 bench/search_width.py --widths "${WIDTHS:-1,4}" \
+    --time-limit "${WIDTH_LIMIT:-190}" --max-steps 60 --out "$OUT/width" > "$OUT/width.txt" 2> "$OUT/width.log"
+  echo "width bench: exit $?"; cat "$OUT/width.txt"; grep -E "REJECTED|FAILED|Error" "$OUT/width.log" | head -5
+}
+
 steps() {  # STEPS="fn[:arg[:arg]] ...": the named functions one after another, on one GPU
   for s in $STEPS; do IFS=: read -r -a part <<< "$s"; "${part[@]}"; done
 }

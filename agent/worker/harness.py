@@ -196,6 +196,27 @@ def clone_args(args: list) -> list:
     return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
 
 
+CHECKSUM_CHUNK = 1 << 24  # elements per pass: a multi-GiB KV cache needs no int64 copy of itself
+
+
+def checksum(t: torch.Tensor) -> str:
+    """A position-sensitive checksum of a tensor's bytes, computed where the tensor lives.
+
+    The judge compares it with the same checksum of its own rebuild of the inputs: as strong a
+    test that the inputs were left unchanged as saving them whole, without copying GiBs to the
+    host and to disk. Integer sums wrap the same in any order, so both processes agree exactly.
+    """
+    b = t.detach().contiguous().view(-1).view(torch.uint8)
+    words = b.view(torch.int32) if b.numel() % 4 == 0 else b.to(torch.int32)
+    plain = weighted = 0
+    for s in range(0, words.numel(), CHECKSUM_CHUNK):
+        c = words[s:s + CHECKSUM_CHUNK].to(torch.int64)
+        pos = torch.arange(s, s + c.numel(), device=c.device, dtype=torch.int64) % 1000003 + 1
+        plain += int(c.sum())
+        weighted += int((c * pos).sum())
+    return f"{tuple(t.shape)}:{t.dtype}:{plain}:{weighted % (1 << 64)}"
+
+
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equality (NaN == NaN here, unlike torch.equal)."""
     return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))

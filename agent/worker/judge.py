@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from optagent.worker.harness import TaskRuntime, clone_args, float_scales, refresh_floats, run_baseline, same_bits
+from optagent.worker.harness import TaskRuntime, checksum, clone_args, float_scales, refresh_floats, run_baseline
 from optagent.worker.interpreter_faults import blame_interpreter
 from optagent.messages import (CaseSpec, Channel, Done, ExpectedSample, Finding, Job, Phase, PhaseStarted, Probed,
                                ProbedCase, ProbedExtra, Sample, Verdict)
@@ -55,12 +55,12 @@ def _as_asked(samples: list[Sample], expected: list[ExpectedSample]) -> tuple[li
 
 
 def _inputs_changed(saved: dict, args: list, outs: list[int]) -> Optional[Finding]:
-    """The post-call inputs the candidate process saved, bitwise against the judge's own rebuild."""
+    """The post-call inputs' checksums the candidate process saved, against the judge's own rebuild's."""
     inputs = saved.get("inputs")
     if not isinstance(inputs, dict):
         return Finding(status=Status.REJECTED, reason="the inputs after the call were not saved as the harness asked")
     changed = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in outs
-               and (i not in inputs or not same_bits(inputs[i].to(a.device), a))]
+               and inputs.get(i) != checksum(a)]
     if changed:
         return Finding(status=Status.REJECTED, reason=f"modified its input argument(s) {changed} (inputs must stay "
                        "read-only)")
