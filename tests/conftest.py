@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# pytest-xdist's workers set COLUMNS=80, and the views size piped tables from COLUMNS as a terminal's
+# width: without this the tables of a run under -n would wrap where a plain pytest run's do not.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = ROOT / "tasks" / "flashattn_task_package"

@@ -102,8 +102,10 @@ def test_the_width_is_recorded_and_carried_to_the_loop_and_the_pool_is_a_pool(ta
     cfg = config(load_task(task_dir), width=3)
     assert run_limits(cfg).width == 3 and RunConfig.model_validate_json(cfg.model_dump_json()).width == 3
     assert config(load_task(task_dir)).width == 1  # old configs: one candidate a round
-    pool = build_pool(object(), cfg)
-    assert isinstance(pool, Pool) and pool.lanes == 1
+    from optagent.cli.build import build_evaluator
+
+    pool = build_pool(build_evaluator(load_task(task_dir), Device.CPU, None))
+    assert isinstance(pool, Pool) and pool.lanes == 1  # one timing lane on a CPU
 
 
 # --- the builder ---

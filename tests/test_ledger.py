@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from optagent.evaluation.serial_pool import SerialPool
+
 from optagent.protocols import Memory, PlannerContext
 from optagent.schema import Device, Language, PlannerKind, RunConfig, Status, StepOutcome, now
 from optagent.search.ledger import Ledger, LedgerEntry, ledger_path
@@ -133,7 +135,7 @@ def test_the_loop_records_each_step_and_planners_recall_earlier_runs(tmp_path, t
         store = RunStore.create(runs, cfg, "starter")
         planner = ScriptedPlanner(sources)
         evaluator = ScriptedEvaluator({"starter": [100.0], "fast": [50.0], "broken": [Status.COMPILE_ERROR]})
-        Loop(store, task, planner, evaluator, Limits(), memory=RunMemory(store)).run()
+        Loop(store, task, planner, SerialPool(evaluator), Limits(), memory=RunMemory(store)).run()
         seen.append(planner.contexts)
         return store
 

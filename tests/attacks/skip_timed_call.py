@@ -1,9 +1,8 @@
 """Attack class: output caching / replay -- cheating only on calls whose output is not checked.
-Attack: the kernel counts its calls and, on the 4th call of a case (the first timed call
-on a CPU run: package inputs, fresh inputs and one warm-up come first), computes only
-half of the heads.  The rest of `output` still holds the warm-up call's answer for the
-same inputs.  On a GPU the same idea skips work on every timed call but the last one
-per input set.
+Attack: the kernel counts the calls of its module and, from the 3rd on, computes only half
+of the heads: the checked runs (package inputs, fresh inputs) are the first two calls of a
+case's module, and a case is timed with a fresh copy whose first calls are warm-ups, so
+every timed call does half the work while the rest of `output` may hold an earlier answer.
 Expected verdict: INCORRECT -- "not written" once the harness (a) re-poisons outputs and
 redraws inputs after warm-up calls too (enough on CPU, where each set is timed once) and
 (b) on a GPU checks the output of every timed call, or of calls it picks at random after
@@ -133,7 +132,7 @@ def run_kernel(
     causal,
 ):
     _CALLS[0] += 1
-    if _CALLS[0] == 4:
+    if _CALLS[0] >= 3:
         _launch(q, k_cache_paged, v_cache_paged, output, cache_seqlens, block_table, seqlen_k, seqlen_q, num_heads, num_heads_k, headdim, page_block_size, causal, heads=int(num_heads) // 2)
         return
     _launch(q, k_cache_paged, v_cache_paged, output, cache_seqlens, block_table, seqlen_k, seqlen_q, num_heads, num_heads_k, headdim, page_block_size, causal)

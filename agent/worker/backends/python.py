@@ -11,6 +11,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable
 
+import torch
+
 from optagent.evaluation.checks import python_syntax_error
 from optagent.schema import Device, Language
 from optagent.worker.backends.base import CompileError, Unsupported
@@ -59,12 +61,26 @@ class PythonBackend:
 
     def release(self) -> None:
         """Drops the last case's module: what it holds (a 4 GiB global) must not pile up case after case.
-        Its namespace is emptied too, since the old run_kernel and Triton's caches still reach it."""
+        Its data is dropped from its namespace too, since the old run_kernel and Triton's caches still
+        reach it; its names stay, so a function of it that is still called (a patch it installed, to
+        be reported as such) finds its own globals rather than failing with a NameError."""
         module, self.module = self.module, None
         if module is not None:
             sys.modules.pop(module.__name__, None)
-            module.__dict__.clear()
+            for name in [n for n, v in module.__dict__.items() if _holds_data(v)]:
+                del module.__dict__[name]
             gc.collect()
+
+
+def _holds_data(value: object) -> bool:
+    """Tensors and arrays, or a container of them: what makes a dropped module's namespace heavy."""
+    def heavy(v: object) -> bool:
+        return isinstance(v, torch.Tensor) or type(v).__name__ == "ndarray"
+    if heavy(value):
+        return True
+    if isinstance(value, dict):
+        return any(heavy(v) for v in value.values())
+    return isinstance(value, (list, tuple, set)) and any(heavy(v) for v in value)
 
 
 def _short_traceback(e: BaseException, path: Path) -> str:
