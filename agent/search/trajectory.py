@@ -14,9 +14,10 @@ from optagent.schema import BestRef, EvalResult, Proposal, Step, StepOutcome, Us
 from optagent.search.store import RunStore
 from optagent.search.tree import KEEPS_BEST
 
-# A candidate that counts as progress for --patience: accepted, or, on the CPU where nothing is accepted on a
-# timing, passed (accept.py): patience there counts the candidates since the last one that passed.
-PROGRESS = (StepOutcome.ACCEPTED, StepOutcome.PASSED)
+# A candidate that counts as progress for --patience: accepted. On the CPU nothing is accepted on a timing
+# (accept.py), so a CPU run stops --patience candidates after its first passing kernel: every strategy
+# passing would otherwise run the whole library under the interpreter (the README's first command).
+PROGRESS = (StepOutcome.ACCEPTED,)
 
 
 class Best(NamedTuple):
