@@ -128,7 +128,8 @@ def test_sigkill_then_resume_loses_and_repeats_nothing(tmp_path, task_dir):
     assert "INTERRUPTED" in listing.stdout and f"resumable: optagent resume {run.name}" in listing.stdout
     shown = optagent("show", run.name, runs=tmp_path)
     assert f"status INTERRUPTED (resumable: optagent resume {run.name})" in shown.stdout
-    (left,) = scratch.glob("eval-*")  # the killed evaluation's scratch directory, still there
+    left = list(scratch.glob("eval-*"))  # the killed evaluation's scratch (and its lane's baseline job's, if one ran)
+    assert left
 
     locked = subprocess.Popen([sys.executable, "-m", "optagent.cli.main", "resume", str(run)], env=env,  # by its path
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -138,7 +139,7 @@ def test_sigkill_then_resume_loses_and_repeats_nothing(tmp_path, task_dir):
     assert "RUNNING" in optagent("runs", runs=tmp_path).stdout
     out, err = locked.communicate(timeout=600)
     assert locked.returncode == 0, out + err
-    assert not left.exists() and not list(scratch.glob("eval-*"))  # swept on the resume's start
+    assert not any(p.exists() for p in left) and not list(scratch.glob("eval-*"))  # swept on the resume's start
     assert "EXHAUSTED" in optagent("runs", runs=tmp_path).stdout
     all_json_valid(run)
     got = ideas(run)

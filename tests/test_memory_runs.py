@@ -1,8 +1,10 @@
 """Memory across runs, end to end on CPU: a second run on a task reads the first run's ledger.
 
 The tiny package (tests/tiny_package.py) with its own strategy: the first offline run measures the
-strategy and one of its knob settings; a second run starts from the first run's best and skips
-what it measured; with --fresh it does neither; the LLM planner is told what the first run found.
+strategy and one of its knob settings; a second run skips what it measured; with --fresh it does
+not; the LLM planner is told what the first run found. On the CPU no timing replaces the best, so the
+best known kernel of a CPU bench is the starter: starting from an earlier run's best kernel is tested
+on a GPU bench in tests/test_ledger.py.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def ledger_file(runs: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def first(tmp_path_factory):
-    """One offline run: the starter, the package's strategy (accepted), the strategy at BLOCK=1024."""
+    """One offline run: the starter, the package's strategy (PASSED), the strategy at BLOCK=1024 (PASSED)."""
     base = tmp_path_factory.mktemp("memory")
     pkg = with_strategy(tiny_package(base / "pkg"))
     runs = base / "runs"
@@ -68,7 +70,7 @@ def test_the_first_run_is_in_the_ledger(first):
     _, runs, run = first
     entries = Ledger(ledger_file(runs)).entries()
     assert [(e.run_id, e.step, e.outcome) for e in entries] == [
-        (run.name, 0, StepOutcome.BASELINE), (run.name, 1, StepOutcome.ACCEPTED), (run.name, 2, StepOutcome.NOT_BETTER)]
+        (run.name, 0, StepOutcome.BASELINE), (run.name, 1, StepOutcome.PASSED), (run.name, 2, StepOutcome.PASSED)]
     steps = steps_of(run)
     for entry, step in zip(entries, steps):
         assert entry.idea == step.idea and entry.kernel_sha256 == step.candidate_sha256
@@ -76,36 +78,31 @@ def test_the_first_run_is_in_the_ledger(first):
         assert (runs / entry.source).is_file() and entry.device_name == "cpu"
     assert entries[1].setting == {"strategy": "tiny_wide_blocks"}
     assert entries[2].setting == {"strategy": "tiny_wide_blocks", "knobs": {"BLOCK": 1024}}
-    # measured against the incumbent: the starter for step 1, step 1's kernel for step 2
+    # measured against the incumbent: on the CPU the starter stays it
     assert entries[1].gain == pytest.approx(entries[0].geomean_time_us / entries[1].geomean_time_us - 1)
-    assert entries[2].gain == pytest.approx(entries[1].geomean_time_us / entries[2].geomean_time_us - 1)
+    assert entries[2].gain == pytest.approx(entries[0].geomean_time_us / entries[2].geomean_time_us - 1)
 
 
-def test_a_second_run_starts_from_the_best_known_and_skips_what_was_measured(first, tmp_path):
+def test_a_second_run_skips_what_was_measured(first, tmp_path):
     pkg, _, run1 = first
     runs = copy_runs(first, tmp_path)
-    proc = optagent("run", str(pkg), "--device", "cpu", "--max-steps", "4", runs=runs)
+    proc = optagent("run", str(pkg), "--device", "cpu", "--max-steps", "2", runs=runs)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "3 step(s) of 1 earlier run(s)" in proc.stdout
     run2 = next(r for r in runs_in(runs) if r.name != run1.name)
     steps, earlier = steps_of(run2), steps_of(run1)
     assert steps[0].idea == "the starter kernel"  # still evaluated: the baseline for speedups
-    assert steps[1].idea.startswith(f"best known from run {run1.name} step 1 (")
-    assert steps[1].candidate_sha256 == earlier[1].candidate_sha256
-    # the first run's BLOCK=1024 setting is not measured again: the search goes on from the known best
+    # the first run's two kernels are not measured again: the search goes on past them
     measured = {s.candidate_sha256 for s in earlier}
-    assert not measured & {s.candidate_sha256 for s in steps[2:]}
-    assert steps[2].idea == "knob BLOCK: 4096 -> 2048 (1 setting(s) before it skipped: measured by earlier runs)"
-    state = RunState.model_validate_json((run2 / "state.json").read_text())
-    assert state.status.value == "EXHAUSTED" and len(steps) == 3  # sooner than the first run's search would
-    assert "1 of them by earlier runs on cpu, triton" in state.reason
+    assert not measured & {s.candidate_sha256 for s in steps[1:]}
+    assert steps[1].idea.endswith("(2 setting(s) before it skipped: measured by earlier runs)"), steps[1].idea
     entries = Ledger(ledger_file(runs)).entries()
     assert len(entries) == 6 and {e.run_id for e in entries} == {run1.name, run2.name}
     listed = optagent("ledger", str(pkg), "--json", runs=runs)  # by package: this version's ledger
     assert listed.returncode == 0 and [(e["run_id"], e["step"]) for e in json.loads(listed.stdout)] == [
         (e.run_id, e.step) for e in entries]
     table = optagent("ledger", "tiny_affine", runs=runs)  # by name
-    assert table.returncode == 0 and run2.name in table.stdout and "best known from run" in table.stdout
+    assert table.returncode == 0 and run2.name in table.stdout and "measured by earlier runs" in table.stdout
     missing = optagent("ledger", "no_such_task", runs=runs)
     assert missing.returncode == 2 and missing.stderr.strip() == (
         f"optagent: error: {runs / 'ledger'}: no ledger for task no_such_task")
@@ -138,6 +135,5 @@ def test_the_llm_planner_is_told_what_the_first_run_found(first, tmp_path):
     block = prompt[prompt.index("## What earlier runs on this task found"):]
     block = block[:block.index("\n## ", 1)]
     assert "3 attempts from 1 earlier run(s)" in block
-    assert f"| {run1.name} | 1 | cpu, triton | {STRATEGY_IDEA} | ACCEPTED |" in block
-    assert f"| {run1.name} | 2 | cpu, triton | strategy tiny_wide_blocks with BLOCK=1024 | NOT_BETTER |" in block
-    assert f"run {run1.name} step 1: {STRATEGY_IDEA}" in block  # the best kept on this device
+    assert f"| {run1.name} | 1 | cpu, triton | {STRATEGY_IDEA} | PASSED |" in block
+    assert f"| {run1.name} | 2 | cpu, triton | strategy tiny_wide_blocks with BLOCK=1024 | PASSED |" in block

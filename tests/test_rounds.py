@@ -269,13 +269,15 @@ def test_kill_9_mid_round_then_resume_evaluates_only_the_unfinished(tmp_path, ta
     assert len(committed) == 2, "the round never had 2 committed steps"
     (run,) = [p for p in tmp_path.iterdir() if (p / "config.json").exists()]
     store = RunStore(run)
-    assert sorted(s.index for s in store.steps()) == [0, 1, 2]  # step 2's reply held no kernel: committed at once
-    assert [i for i, _ in store.unfinished_steps()] == [3]
-    before = {i: (store.step_dir(i) / "step.json").read_bytes() for i in (1, 2)}
+    # the pool evaluates the round's steps at once: any 2 of the 3 may be the committed ones
+    done = sorted(s.index for s in store.steps())
+    left = [i for i, _ in store.unfinished_steps()]
+    assert done[0] == 0 and len(done) == 3 and len(left) == 1 and sorted(done[1:] + left) == [1, 2, 3]
+    before = {i: (store.step_dir(i) / "step.json").read_bytes() for i in done[1:]}
 
     resumed = subprocess.run(cli + ["resume", run.name], env=env, capture_output=True, text=True, timeout=400)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert {i: (store.step_dir(i) / "step.json").read_bytes() for i in (1, 2)} == before  # not evaluated again
+    assert {i: (store.step_dir(i) / "step.json").read_bytes() for i in done[1:]} == before  # not evaluated again
     steps = store.steps()
     assert [s.index for s in steps] == [0, 1, 2, 3] and store.unfinished_steps() == []
     assert [s.round for s in steps] == [0, 1, 1, 1] and [s.parent for s in steps] == [None, 0, 0, 0]

@@ -160,6 +160,8 @@ def test_cpu_run_on_a_manifest_less_package(tmp_path, capsys):
     steps = sorted(run.glob("steps/*/step.json"))
     ideas = [json.loads(p.read_text())["idea"] for p in steps]
     assert any("whole row per tile: BLOCK" in i for i in ideas), ideas
-    assert out["state"]["best_step"] >= 1  # the whole row beats 128-column tiles even under the interpreter
+    # on the CPU no timing replaces the best: the whole-row kernel is judged, and passes, as a tree node
+    rows = [json.loads(p.read_text()) for p in steps]
+    assert any("whole row per tile: BLOCK" in s["idea"] and s["outcome"] == "PASSED" for s in rows), rows
     config = json.loads((run / "config.json").read_text())
     assert config["language"] == "triton"
