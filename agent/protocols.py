@@ -213,15 +213,19 @@ HOOK_RULES: dict[str, HookRule] = {
 
 def redact(step: Step, source: Optional[str] = None) -> Attempt:
     """A step as the planner may see it: hidden integrity cases reduced to a verdict."""
-    result = step.result
+    result, error = step.result, step.error
     if result is not None:
         from optagent.schema import CaseKind
 
         hidden = [c for c in result.cases if c.kind is CaseKind.HIDDEN]
         shown = [c for c in result.cases if c.kind is not CaseKind.HIDDEN]
         failed_hidden = [c for c in hidden if not c.status.ok]
-        reason = result.reason
-        if failed_hidden and reason and any(c.reason and c.reason in reason for c in failed_hidden):
-            reason = f"a hidden integrity case failed: {failed_hidden[0].status.value}"
+        told = f"a hidden integrity case failed: {failed_hidden[0].status.value}" if failed_hidden else None
+
+        def names_hidden(text: Optional[str]) -> bool:
+            return bool(text) and any(c.reason and c.reason in text for c in failed_hidden)
+        reason = told if names_hidden(result.reason) else result.reason
+        # the step's error is the result's reason where it failed: it would tell the hidden case too
+        error = told if names_hidden(error) else error
         result = result.model_copy(update={"cases": shown, "reason": reason})
-    return Attempt(step.index, step.idea, step.outcome.value, step.error, result, source, step.retime_note)
+    return Attempt(step.index, step.idea, step.outcome.value, error, result, source, step.retime_note)

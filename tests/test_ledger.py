@@ -201,6 +201,14 @@ def test_a_hidden_case_failure_is_kept_as_planners_may_see_it():
                    source="r/steps/0002/candidate.py", meta={"reply_kind": "edit"}, incumbent_us=None)
     assert e.reason == "a hidden integrity case failed: INCORRECT" and "element 17" not in e.model_dump_json()
     assert e.setting is None and e.status is Status.INCORRECT and e.gain is None
+    # nor through the step's error (the result's reason again) in what a planner is shown of the step
+    from optagent.protocols import redact
+    from optagent.search.planners.llm import build_messages
+
+    seen = redact(step)
+    assert seen.error == "a hidden integrity case failed: INCORRECT" and "element 17" not in (seen.result.reason or "")
+    ctx = PlannerContext("t", "T", "s", "c", Language.TRITON, "starter", "starter", None, attempts=[seen])
+    assert "element 17" not in build_messages(ctx)[1]["content"]
 
 
 def test_a_cpu_run_recalls_gpu_findings_but_neither_starts_from_nor_skips_them(tmp_path):
