@@ -216,6 +216,47 @@ width_bench() {  # issue 20: the offline decode search at width 1 and 4, WIDTH_L
   echo "width bench: exit $?"; cat "$OUT/width.txt"; grep -E "REJECTED|FAILED|Error" "$OUT/width.log" | head -5
 }
 
+ncu_probe() {  # issue 21: does ncu read the counters here, as root and inside bwrap as the workers run? its CSV kept
+  cat > /tmp/ncu_k.py <<'PY'
+import torch
+x = torch.randn(1 << 26, device="cuda"); y = x * 2.0; a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16); b = a @ a
+torch.cuda.synchronize()
+PY
+  local secs="--section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats"
+  grep -i profiling /proc/driver/nvidia/params > "$OUT/ncu_params.txt" 2>&1; cat "$OUT/ncu_params.txt"
+  timeout 120 ncu --clock-control none $secs --csv --page details python3 /tmp/ncu_k.py > "$OUT/ncu_details.csv" 2> "$OUT/ncu_details.err"
+  echo "ncu details (root): exit $?, $(wc -l < "$OUT/ncu_details.csv") lines"; head -c 2500 "$OUT/ncu_details.csv"; tail -3 "$OUT/ncu_details.err"
+  timeout 120 ncu --clock-control none $secs --csv --page raw python3 /tmp/ncu_k.py > "$OUT/ncu_raw.csv" 2> "$OUT/ncu_raw.err"
+  echo "ncu raw: exit $?, $(wc -c < "$OUT/ncu_raw.csv") bytes"
+  bwrap --unshare-user --uid 65534 --gid 65534 --unshare-pid --unshare-net --die-with-parent --new-session \
+    --ro-bind / / --dev /dev --proc /proc $(for n in /dev/nvidia*; do echo --dev-bind-try $n $n; done) --bind /tmp /tmp \
+    timeout 120 ncu --clock-control none --section SpeedOfLight --csv --page details python3 /tmp/ncu_k.py \
+    > "$OUT/ncu_bwrap.csv" 2> "$OUT/ncu_bwrap.err"
+  echo "ncu in bwrap as nobody: exit $?, $(wc -l < "$OUT/ncu_bwrap.csv") lines"; head -c 800 "$OUT/ncu_bwrap.csv"; tail -3 "$OUT/ncu_bwrap.err"
+  ncu --version | tail -1
+}
+
+step_mode() {  # issue 22: an outside agent's session in step mode on the decode task: 3 rounds, then show
+  local d=agent/search/strategies/paged_decode k="$OUT/proposals" rd="$OUT/runs-step" id
+  mkdir -p "$k"
+  cp $d/splitkv_gqa.py "$k/gqa.py"; sed 's/^PAGES_PER_ITER = 8 /PAGES_PER_ITER = 4 /' $d/splitkv_gqa.py > "$k/gqa_p4.py"
+  cp $d/splitkv_fused.py "$k/fused.py"
+  sed 's/^WAVES = 1 /WAVES = 2 /' $d/splitkv_gqa.py > "$k/gqa_w2.py"
+  sed 's/^NUM_WARPS = 4 /NUM_WARPS = 8 /' $d/splitkv_gqa.py > "$k/gqa_nw8.py"
+  OPTAGENT_RUNS_DIR=$rd oa run "$OURS" --planner external --language triton ${PROFILE:+--profile} --json \
+    > "$OUT/step-start.json" 2> "$OUT/step-start.log"; echo "step mode start: exit $?"
+  id=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['run_id'])" "$OUT/step-start.json") || return
+  OPTAGENT_RUNS_DIR=$rd oa propose "$id" "$k/gqa.py" "$k/gqa_p4.py" --idea "split-KV flash-decoding with GQA" \
+    --idea "the same, 4 pages per iteration" > "$OUT/step-r1.txt" 2>&1; echo "round 1: exit $?"
+  OPTAGENT_RUNS_DIR=$rd oa propose "$id" "$k/fused.py" --idea "one launch: the last split merges" \
+    > "$OUT/step-r2.txt" 2>&1; echo "round 2: exit $?"
+  OPTAGENT_RUNS_DIR=$rd oa propose "$id" "$k/gqa_w2.py" "$k/gqa_nw8.py" --idea "two waves of splits" \
+    --idea "8 warps" > "$OUT/step-r3.txt" 2>&1; echo "round 3: exit $?"
+  OPTAGENT_RUNS_DIR=$rd oa show "$id" > "$OUT/step-show.txt" 2>&1
+  OPTAGENT_RUNS_DIR=$rd oa feedback "$id" > "$OUT/step-feedback.txt" 2>&1
+  cat "$OUT/step-show.txt"
+}
+
 steps() {  # STEPS="fn[:arg[:arg]] ...": the named functions one after another, on one GPU
   for s in $STEPS; do IFS=: read -r -a part <<< "$s"; "${part[@]}"; done
 }

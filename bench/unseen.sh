@@ -18,6 +18,8 @@ if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
 mkdir -p /tmp/site && ln -sfn "$PWD/agent" /tmp/site/optagent
+# bubblewrap for the workers' isolation, from .debs/ (as gpu_check.sh): without it they run under unshare
+if [ -d .debs ] && ! command -v bwrap > /dev/null; then dpkg -i .debs/*.deb > /dev/null 2>&1 || echo "bwrap: not installed"; fi
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 PKGS=${PKGS:-$(ls -d tests/fixtures/packages/*/)}
 LANGS=${LANGS-}

@@ -28,14 +28,16 @@ def build_evaluator(task: TaskPackage, device: Device, cases: Optional[str], *, 
                             compiler=shlex.split(compiler) if compiler else None, keep_scratch=keep_scratch)
 
 
-def build_pool(evaluator: Evaluator, jobs: Optional[int] = None) -> Pool:
+def build_pool(evaluator: Evaluator, jobs: Optional[int] = None, known: Optional[dict] = None) -> Pool:
     """What evaluates a run's rounds: the local pool over the sandboxed evaluator, `jobs` evaluations
     at once (default: from the lanes and cores, evaluation/pool.py), one timing lane per visible GPU.
     (evaluation/serial_pool.py, one evaluation at a time, serves the loop's own tests.)"""
+    from optagent.evaluation.known import KnownFirst
     from optagent.evaluation.pool import LocalPool
 
     assert isinstance(evaluator, SandboxEvaluator)
-    return LocalPool(evaluator, jobs=jobs)
+    pool = LocalPool(evaluator, jobs=jobs)
+    return KnownFirst(pool, known) if known else pool
 
 
 def run_evaluator(config: RunConfig, task: TaskPackage) -> Evaluator:

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 from optagent.cli.inputs import UserError
 from optagent.protocols import Evaluator
-from optagent.schema import Device, Language
+from optagent.schema import Device, EvalResult, Language
 from optagent.task import TaskPackage
 
 
@@ -27,12 +27,14 @@ def runs_here(lang: Language, device: Device) -> bool:
 
 
 def pick_language(task: TaskPackage, device: Device, wanted: Optional[str],
-                  evaluator: Callable[[], Evaluator], say: Callable[[str], None]) -> tuple[Language, str]:
-    """(language, why); evaluator builds the run's evaluator, asked for only when starters are compared."""
+                  evaluator: Callable[[], Evaluator], say: Callable[[str], None]
+                  ) -> tuple[Language, str, dict[Language, EvalResult]]:
+    """(language, why, the starters' results where they were compared); evaluator builds the run's
+    evaluator, asked for only when starters are compared."""
     if wanted:
         lang = Language(wanted)
         task.starter(lang)  # raises a one-line TaskError when there is none
-        return lang, "--language"
+        return lang, "--language", {}
     usable = [lang for lang in task.languages if runs_here(lang, device)]
     if not usable:
         raise UserError(f"{task.root}: no starter language runs on {device.value} (have: "
@@ -41,18 +43,19 @@ def pick_language(task: TaskPackage, device: Device, wanted: Optional[str],
     if device is not Device.CUDA or len(usable) == 1:
         why = (f"the only starter that runs on {device.value}" if len(usable) == 1 else
                f"the first starter language; on {device.value} times are the interpreter's, so starters are not compared")
-        return usable[0], why + (f" ({', '.join(others)} needs a GPU)" if others and device is Device.CPU else "")
+        return usable[0], why + (f" ({', '.join(others)} needs a GPU)" if others and device is Device.CPU else ""), {}
     ev = evaluator()
     times: dict[Language, float] = {}
+    results: dict[Language, EvalResult] = {}
     for lang in usable:
         say(f"evaluating the {lang.value} starter to choose the language ...")
-        r = ev.evaluate(task.starter(lang).source, lang)
+        r = results[lang] = ev.evaluate(task.starter(lang).source, lang)
         if r.status.ok and r.geomean_time_us:
             times[lang] = r.geomean_time_us
         say(f"  {lang.value} starter: {r.status.value}" + (f", geomean {r.geomean_time_us:.1f} us" if lang in times else
                                                           f" ({(r.reason or '').splitlines()[0][:100]})"))
     if not times:
-        return usable[0], "no starter passed; the first language that runs"
+        return usable[0], "no starter passed; the first language that runs", results
     best = min(times, key=times.__getitem__)
     rest = ", ".join(f"{x.value} {t:.1f} us" for x, t in times.items() if x is not best)
-    return best, f"the fastest starter: {times[best]:.1f} us geomean" + (f" (vs {rest})" if rest else "")
+    return best, f"the fastest starter: {times[best]:.1f} us geomean" + (f" (vs {rest})" if rest else ""), results

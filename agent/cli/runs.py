@@ -51,7 +51,9 @@ def _preflight(task: TaskPackage, config: RunConfig):
     return planner
 
 
-def _drive(store: RunStore, task: TaskPackage, a, con, planner: Planner, evaluator: Evaluator) -> int:
+def _drive(store: RunStore, task: TaskPackage, a, con, planner: Planner, evaluator: Evaluator,
+           known: Optional[dict] = None) -> int:
+    """known: results already taken for some sources (the starter timed to choose the language)."""
     from optagent.cli.live import LiveProgress
 
     cfg = store.config
@@ -67,7 +69,7 @@ def _drive(store: RunStore, task: TaskPackage, a, con, planner: Planner, evaluat
         con.print(isolation_line(evaluator.planned_isolation), soft_wrap=True)
         memory = run_memory(store)
         con.print(memory.summary(), markup=False, soft_wrap=True)
-        state = Loop(store, task, planner, build_pool(evaluator, a.jobs), run_limits(cfg),
+        state = Loop(store, task, planner, build_pool(evaluator, a.jobs, known), run_limits(cfg),
                      _progress(con, time.monotonic(), live), progress=live, memory=memory).run()
     finally:
         if live is not None:
@@ -92,7 +94,7 @@ def cmd_run(a) -> int:
     task = load_task(a.dir)
     device = resolve_device(a.device)
     con = human_console(a)
-    language, why = pick_language(
+    language, why, starters = pick_language(
         task, device, a.language, lambda: build_evaluator(task, device, a.cases, hidden=not a.no_hidden,
                                                           timeout_s=a.timeout, compiler=a.compiler),
         lambda line: con.print(line, markup=False, soft_wrap=True))
@@ -121,7 +123,8 @@ def cmd_run(a) -> int:
     root = runs_dir(a.runs_dir)
     planner = _preflight(task, config)
     store = RunStore.create(root, config, task.starter(language).source)
-    return _drive(store, task, a, con, planner, evaluator)
+    known = {(task.starter(language).source, language): starters[language]} if language in starters else {}
+    return _drive(store, task, a, con, planner, evaluator, known)
 
 
 def cmd_resume(a) -> int:
