@@ -162,10 +162,10 @@ def read_profiles(cases: list[CaseSpec], run: WorkerRun, text: str, device: Devi
     except ncu_csv.CsvError as e:
         return every(ProfileStatus.FAILED, str(e))
     if not launches:
+        if device is Device.CPU:  # said for the run once, and not asked again
+            return every(ProfileStatus.NO_COUNTERS, "ncu profiled no kernel: a CPU run has no GPU counters")
         if said:
             return every(*said)
-        if device is Device.CPU:
-            return every(ProfileStatus.NO_COUNTERS, "ncu profiled no kernel: a CPU run has no GPU counters")
         return every(ProfileStatus.FAILED, f"ncu profiled no kernel (the profile process {run.exit_text})")
     order = []  # the cases in the order the process ran them; forged or repeated labels count for nothing
     for m in run.all(CaseStart):
