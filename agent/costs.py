@@ -18,6 +18,7 @@ class Costs(BaseModel):
     lane_wait: float = 0.0  # waiting for the timing lane (a GPU another evaluation times on)
     timing: float = 0.0
     judge: float = 0.0
+    profile: float = 0.0  # --profile: the kernel run again under ncu (evaluation/profiler.py)
 
     @property
     def total(self) -> float:

@@ -98,6 +98,7 @@ class Phase(str, enum.Enum):
     CASE = "case"  # running and checking the kernel on a case
     TIMING = "timing"  # timing the kernel on a case
     JUDGING = "judging"  # the trusted judge checks the saved outputs
+    PROFILING = "profiling"  # --profile: the passing kernel under ncu
 
 
 class StepOutcome(str, enum.Enum):

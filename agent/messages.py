@@ -67,7 +67,8 @@ class ExpectedSample(Part):
 
 
 class Job(Record):
-    mode: Literal["candidate", "judge", "probe", "baseline"]  # baseline: the baselines alone, no candidate
+    # baseline: the baselines alone, no candidate; profile: the candidate under ncu (--profile)
+    mode: Literal["candidate", "judge", "probe", "baseline", "profile"]
     task_dir: str
     device: Device
     language: Optional[Language] = None

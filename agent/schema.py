@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validat
 from optagent.enums import (SEVERITY, CaseKind, Device, FloorKind, Language, PlannerKind, RunStatus,  # noqa: F401
                             Status, StepOutcome, TimerKind, Word)
 from optagent.kernel_facts import KernelFacts  # noqa: F401 (a part of CaseResult, apart for its length)
+from optagent.profile_facts import CaseProfile  # noqa: F401 (likewise)
 from optagent.costs import Costs
 
 FORMAT_VERSION = 1
@@ -74,6 +75,7 @@ class CaseResult(Record):
     load_ms: Optional[float] = None  # cost of loading a fresh copy of the candidate
     timing_kind: Optional[Literal["cuda", "cpu-interpreter", "cpu"]] = None
     kernels: list[KernelFacts] = Field(default_factory=list)  # what the compiler reported, where it did
+    profile: Optional[CaseProfile] = None  # what ncu measured (--profile), where it ran
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -266,6 +268,7 @@ class RunConfig(Record):
     compiler: Optional[str] = None
     cases: Optional[str] = None
     hidden: bool = True
+    profile: bool = False  # --profile: each passing candidate profiled once under ncu (evaluation/profiler.py)
     fresh: bool = False  # --fresh: nothing recalled from the task's ledger (the run is still recorded in it)
     timeout_s: float
     min_gain: float

@@ -20,12 +20,20 @@ from optagent.task import TaskPackage
 
 def build_evaluator(task: TaskPackage, device: Device, cases: Optional[str], *, hidden: bool = True,
                     timeout_s: float = TIMEOUT_S, compiler: Optional[str] = None,
-                    keep_scratch: bool = False) -> Evaluator:
+                    keep_scratch: bool = False, profile: bool = False) -> Evaluator:
     """The sandboxed evaluator on ``cases`` (a --cases list; None: every contest case on a GPU, the
-    smoke cases on the CPU), hidden cases added unless ``hidden`` is off. A bad list is a CaseListError."""
+    smoke cases on the CPU), hidden cases added unless ``hidden`` is off. A bad list is a CaseListError.
+    ``profile``: each passing kernel also profiled under ncu (evaluation/profiler.py)."""
     chosen = choose_cases(task, device, cases, hidden=hidden)
     return SandboxEvaluator(task, device, chosen, timeout_s=timeout_s,
-                            compiler=shlex.split(compiler) if compiler else None, keep_scratch=keep_scratch)
+                            compiler=shlex.split(compiler) if compiler else None, keep_scratch=keep_scratch,
+                            profile=profile)
+
+
+def profile_notice(evaluator: Evaluator) -> str:
+    """--profile's one line for a command's output: where ncu is, or that there is none."""
+    assert isinstance(evaluator, SandboxEvaluator) and evaluator.profiler is not None
+    return evaluator.profiler.notice()
 
 
 def build_pool(evaluator: Evaluator, jobs: Optional[int] = None, known: Optional[dict] = None) -> Pool:
@@ -43,7 +51,7 @@ def build_pool(evaluator: Evaluator, jobs: Optional[int] = None, known: Optional
 def run_evaluator(config: RunConfig, task: TaskPackage) -> Evaluator:
     """A run's evaluator, from its recorded config (the same on resume as at the start)."""
     return build_evaluator(task, config.device, config.cases, hidden=config.hidden, timeout_s=config.timeout_s,
-                           compiler=config.compiler)
+                           compiler=config.compiler, profile=config.profile)
 
 
 def run_memory(store: RunStore) -> Memory:

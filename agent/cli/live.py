@@ -31,6 +31,7 @@ PHASE_TEXT = {
     Phase.CASE: "running case",
     Phase.TIMING: "timing case",
     Phase.JUDGING: "judging",
+    Phase.PROFILING: "profiling under ncu",
 }
 SUBJECT_TEXT = {Subject.INCUMBENT_RETIME: "re-timing the incumbent",
                 Subject.CANDIDATE_RETIME: "re-timing the candidate"}

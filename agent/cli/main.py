@@ -18,7 +18,7 @@ from optagent.secret_env import hide_secrets
 from optagent.evaluation.evaluator import CaseListError
 # UserError lives in inputs so that `python -m optagent.cli.main` (cli as __main__) catches the same class
 from optagent.cli.inputs import EnvError, OneLineParser, UserError  # noqa: F401 (re-exported)
-from optagent.cli.build import build_evaluator
+from optagent.cli.build import build_evaluator, profile_notice
 from optagent.cli.browse import add_browse_commands
 from optagent.cli.options import add_eval_options, resolve_device
 from optagent.cli.runs import add_run_commands
@@ -98,9 +98,11 @@ def cmd_eval(a) -> int:
     task = load_task(a.dir)
     source, lang = _read_kernel(Path(a.kernel), a.language)
     evaluator = build_evaluator(task, resolve_device(a.device), a.cases, hidden=not a.no_hidden, timeout_s=a.timeout,
-                                compiler=a.compiler, keep_scratch=a.keep_scratch)
+                                compiler=a.compiler, keep_scratch=a.keep_scratch, profile=a.profile)
     from optagent.cli.live import LiveProgress
 
+    if a.profile:
+        human_console(a).print(profile_notice(evaluator), markup=False, soft_wrap=True)
     live = None if a.quiet else LiveProgress(console(stderr=True))
     try:
         result = evaluator.evaluate(source, lang, progress=live)

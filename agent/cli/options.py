@@ -33,6 +33,13 @@ def add_eval_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compiler", help="CUDA compiler command template, e.g. "
                    "'nvcc -O3 -shared -Xcompiler -fPIC {arch} -o {out} {src}' (or OPTAGENT_NVCC)")
     p.add_argument("--no-hidden", action="store_true", help="skip the manifest's hidden integrity cases")
+    add_profile_option(p)
+
+
+def add_profile_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", action="store_true", help="profile each passing kernel once per case under Nsight "
+                   "Compute (ncu, or OPTAGENT_NCU), in the sandbox: DRAM and SM throughput, stalls, into the prompt "
+                   "and show")
 
 
 def add_planner_options(p: argparse.ArgumentParser) -> None:

@@ -11,8 +11,8 @@ import argparse
 
 from rich.table import Table
 
-from optagent.cli.build import build_evaluator
-from optagent.cli.options import add_runs_dir, resolve_device
+from optagent.cli.build import build_evaluator, profile_notice
+from optagent.cli.options import add_profile_option, add_runs_dir, resolve_device
 from optagent.cli.views import fmt, human_console, print_json
 from optagent.search.store import RunError, RunStore, runs_dir
 from optagent.task import load_task
@@ -23,11 +23,13 @@ def cmd_retime(a) -> int:
     cfg = store.config
     task = load_task(cfg.task_dir)
     device = resolve_device(a.device)
-    evaluator = build_evaluator(task, device, a.cases, hidden=not a.no_hidden, timeout_s=a.timeout)
+    evaluator = build_evaluator(task, device, a.cases, hidden=not a.no_hidden, timeout_s=a.timeout, profile=a.profile)
     passing = [s for s in store.steps() if s.result is not None and s.result.status.ok]
     if not passing:
         raise RunError(f"{store.path}: no candidate of run {cfg.run_id} passed; nothing to re-time")
     con = human_console(a)
+    if a.profile:
+        con.print(profile_notice(evaluator), markup=False, soft_wrap=True)
     rows = []
     for n, step in enumerate(passing, 1):
         source = store.step_source(step.index)
@@ -61,6 +63,7 @@ def add_retime_command(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--cases", help="cases to run, e.g. 1,3-5 (default: all on GPU, smoke cases on CPU)")
     r.add_argument("--timeout", type=float, default=TIMEOUT_S, help=f"seconds per candidate (default {TIMEOUT_S:g})")
     r.add_argument("--no-hidden", action="store_true", help="skip the manifest's hidden integrity cases")
+    add_profile_option(r)
     r.add_argument("--json", action="store_true", help="the ranking as one JSON document on stdout")
     r.add_argument("--quiet", action="store_true", help="print nothing but --json")
     add_runs_dir(r)

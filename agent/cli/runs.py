@@ -7,12 +7,14 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from optagent.cli.build import build_evaluator, build_planner, build_pool, run_evaluator, run_limits, run_memory
+from optagent.cli.build import (build_evaluator, build_planner, build_pool, profile_notice, run_evaluator, run_limits,
+                                run_memory)
 from optagent.cli.language import pick_language
 from optagent.cli.inputs import UserError, check_env
 from optagent.cli.options import (add_eval_options, add_limit_options, add_planner_options, add_pool_options,
                                   add_runs_dir, resolve_device)
 from optagent.protocols import Evaluator, Planner
+from optagent.profile_facts import ProfileStatus
 from optagent.schema import Device, PlannerKind, RunConfig, RunState, RunStatus, Step
 from optagent.search.loop import Loop
 from optagent.search.store import RunError, RunStore, new_run_id, runs_dir
@@ -21,6 +23,8 @@ from optagent.cli.views import STATUS_STYLE, console, fmt, human_console, isolat
 
 
 def _progress(con, t0: float, live=None):
+    told: list = []  # the profiler's notice that the counters cannot be read, once it came
+
     def on_step(step: Step, state: RunState) -> None:
         if live is not None:
             live.pause()  # the status line goes; the step's own line takes its place
@@ -38,6 +42,12 @@ def _progress(con, t0: float, live=None):
         why = step.error or (r.reason if r and not r.status.ok else None)
         if why and why.strip():  # why it failed, so a broken environment does not read as a bad kernel
             con.print(f"          {why.strip().splitlines()[0][:150]}", markup=False)
+        stuck = next((c.profile for c in (r.cases if r else []) if c.profile
+                      and c.profile.status is ProfileStatus.NO_COUNTERS), None)
+        if stuck and not told:  # said once: the profiler stops trying for the rest of the run
+            told.append(stuck)
+            con.print(f"profile: ncu cannot read the GPU's counters here ({stuck.reason}): no profiles", markup=False,
+                      soft_wrap=True)
     return on_step
 
 
@@ -67,6 +77,8 @@ def _drive(store: RunStore, task: TaskPackage, a, con, planner: Planner, evaluat
                       "accepts on correctness alone: the best is the first kernel that passed, never replaced on "
                       "a timing", soft_wrap=True)
         con.print(isolation_line(evaluator.planned_isolation), soft_wrap=True)
+        if cfg.profile:
+            con.print(profile_notice(evaluator), markup=False, soft_wrap=True)
         memory = run_memory(store)
         con.print(memory.summary(), markup=False, soft_wrap=True)
         state = Loop(store, task, planner, build_pool(evaluator, a.jobs, known), run_limits(cfg),
@@ -117,7 +129,7 @@ def cmd_run(a) -> int:
                        replay_file=str(Path(a.replay).resolve()) if a.replay else None, compiler=a.compiler,
                        request_timeout_s=a.request_timeout, max_tokens=int(a.max_tokens) if a.max_tokens else None,
                        temperature=a.temperature, cases=a.cases, hidden=not a.no_hidden, fresh=a.fresh,
-                       timeout_s=a.timeout, min_gain=a.min_gain, patience=patience,
+                       profile=a.profile, timeout_s=a.timeout, min_gain=a.min_gain, patience=patience,
                        max_steps=a.max_steps, width=a.width, time_limit_s=a.time_limit, budget_usd=a.budget_usd)
     evaluator = run_evaluator(config, task)  # a bad --cases fails before a run exists
     root = runs_dir(a.runs_dir)

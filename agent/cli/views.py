@@ -11,7 +11,9 @@ from typing import Optional
 from rich.console import Console
 from rich.table import Table
 
-from optagent.schema import CaseResult, Costs, Device, EvalResult, FloorKind, Isolation, Mechanism, Status, TimerKind, Timing
+from optagent.profile_facts import ProfileStatus
+from optagent.schema import (CaseKind, CaseResult, Costs, Device, EvalResult, FloorKind, Isolation, Mechanism, Status,
+                             TimerKind, Timing)
 
 STATUS_STYLE = {Status.PASSED: "green", Status.INCORRECT: "red", Status.COMPILE_ERROR: "red",
                 Status.RUNTIME_ERROR: "red", Status.TIMEOUT: "yellow", Status.REJECTED: "bold red",
@@ -119,9 +121,39 @@ def timer_line(timer: TimerKind) -> str:
     return "[bold yellow]timer: python[/] (in-process; a candidate can rewrite it)"
 
 
+def profile_lines(result: EvalResult) -> list[str]:
+    """--profile's reading, one short line per shown case; one line for all when none was profiled alike."""
+    shown = [c for c in result.cases if c.kind is not CaseKind.HIDDEN and c.profile is not None]
+    out = []
+    for c in shown:
+        p = c.profile
+        assert p is not None
+        if p.status is not ProfileStatus.PROFILED:
+            out.append(f"ncu case {c.case}: {p.status.value}: {p.reason}")
+            continue
+        floor = f", {p.floor_pct:.0f}% of floor ({c.bound})" if p.floor_pct is not None and c.bound else ""
+        stalls = ", ".join(f"{s.reason} {s.share:.0%}" for s in p.stalls)
+        names = ", ".join(f"{k.name} {fmt(k.duration_us)} us" for k in p.kernels[:2])
+        launches = f"{p.kernel_count} launch{'es' if p.kernel_count != 1 else ''}: {names}"
+        out.append(f"ncu case {c.case}: {p.bound.value + '-bound: ' if p.bound else ''}DRAM {fmt(p.dram_pct, '.0f')}% "
+                   f"SM {fmt(p.sm_pct, '.0f')}% of peak{floor}; occupancy {fmt(p.occupancy_pct, '.0f')}%"
+                   + (f"; stalls {stalls}" if stalls else "") + f"; {launches}")
+    if len(out) > 1 and all(c.profile.status is not ProfileStatus.PROFILED for c in shown) \
+            and len({(c.profile.status, c.profile.reason) for c in shown}) == 1:
+        p = shown[0].profile
+        return [f"ncu: {p.status.value}: {p.reason}"]
+    return out
+
+
 def print_eval(con: Console, result: EvalResult) -> None:
+    from optagent.llm.feedback import kernel_lines
+
     if result.cases:
         con.print(eval_table(result))
+    for line in kernel_lines(result):
+        con.print(f"compiler: {line}", markup=False, soft_wrap=True)
+    for line in profile_lines(result):
+        con.print(line, markup=False, soft_wrap=True)
     style = STATUS_STYLE[result.status]
     line = f"[{style}]{result.status.value}[/]"
     if result.reason:

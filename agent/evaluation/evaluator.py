@@ -25,6 +25,7 @@ from optagent.evaluation.cost_clock import CostClock
 from optagent.evaluation.lanes import Control
 from optagent.evaluation.limits import limits_for, record
 from optagent.evaluation.native_build import native_timer
+from optagent.evaluation.profiler import Profiler
 from optagent.evaluation.sandbox import WorkerRun, keep_scratch, new_scratch, remove_scratch, run_worker
 from optagent.evaluation.verdict import assemble, timed_by_timer
 from optagent.messages import Baseline, CaseSpec, Done, Job, Probed, TimingSpec, WorkerError
@@ -89,13 +90,14 @@ def choose_cases(task: TaskPackage, device: Device, cases: Optional[str], hidden
 class SandboxEvaluator:
     def __init__(self, task: TaskPackage, device: Device, cases: list[CaseSpec], timeout_s: float = TIMEOUT_S,
                  compiler: Optional[list[str]] = None, keep_scratch: bool = False,
-                 scratch_root: Optional[Path] = None, static_scan: bool = True):
+                 scratch_root: Optional[Path] = None, static_scan: bool = True, profile: bool = False):
         self.task, self.device, self.cases = task, Device(device), cases
         self.timeout_s, self.compiler, self.keep = timeout_s, compiler, keep_scratch
         self.scratch_root = scratch_root
         self.static_scan = static_scan  # off only in tests of the dynamic defences behind it
         isolation.mechanism()  # a bad OPTAGENT_ISOLATION, or a forced mechanism that does not work, fails here
         limits_for(device)  # and so does a bad OPTAGENT_MEMORY_LIMIT_GIB
+        self.profiler = Profiler.found() if profile else None  # and a bad OPTAGENT_NCU
         self.timing = TimingSpec() if self.device is Device.CUDA else TimingSpec(min_iters=2, max_iters=3, budget_s=0.0,
                                                                        input_sets=2, warmup=1)
 
@@ -160,8 +162,23 @@ class SandboxEvaluator:
         finally:
             (keep_scratch if self.keep else remove_scratch)(scratch)
         result = result.model_copy(update={"costs": clock.costs()})
+        if self.profiler is not None and result.status is Status.PASSED:
+            result = self._profiled(result, source, language, progress, gate, control)
         # A kernel that reads a secret and raises it would put it in a reason or the log.
         return EvalResult.model_validate_json(redact(result.model_dump_json()))
+
+    def _profiled(self, result: EvalResult, source: str, language: Language, progress: Optional[ProgressSink],
+                  gate: Optional[Control], control: Optional[Control]) -> EvalResult:
+        """--profile: the passing result with ncu's reading of each case (evaluation/profiler.py)."""
+        assert self.profiler is not None
+        if progress:
+            progress(Progress(phase=Phase.PROFILING))
+        t0 = time.monotonic()
+        result = self.profiler.attach(result, source, language, self._job, self.timeout_s, self.scratch_root,
+                                      gate, control)
+        spent = time.monotonic() - t0
+        costs = result.costs.model_copy(update={"profile": spent}) if result.costs else None
+        return result.model_copy(update={"costs": costs, "wall_s": result.wall_s + spent})
 
     def time_baselines(self, gate: Optional[Control] = None) -> WorkerRun:
         """The baseline job: the baselines alone, in a process with no candidate code, in `gate`'s lane,

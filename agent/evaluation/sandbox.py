@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Sequence, Union
 
 from optagent.cache import cache_root
 from optagent.evaluation import isolation
@@ -106,11 +106,12 @@ def _kill_marked(marker: str) -> None:
 
 
 def run_worker(job: Job, timeout_s: float, on_message: Optional[Callable[[Message], None]] = None,
-               control: Optional[Control] = None) -> WorkerRun:
+               control: Optional[Control] = None, prefix: Sequence[str] = ()) -> WorkerRun:
     """Run one worker to its end; on_message sees each of its messages as it arrives (for live
     progress only: the returned messages are parsed again, from everything the pipe carried).
     control (a pool's, evaluation/lanes.py): its device and lane gate, and a stop flag; the time
-    the worker waits for its lane does not count against timeout_s."""
+    the worker waits for its lane does not count against timeout_s. prefix: a program that runs
+    the worker inside the sandbox (ncu, for --profile: evaluation/profiler.py)."""
     scratch = Path(job.scratch)
     scratch.mkdir(parents=True, exist_ok=True)
     job_file = scratch / f"job-{job.mode}.json"
@@ -121,7 +122,7 @@ def run_worker(job: Job, timeout_s: float, on_message: Optional[Callable[[Messag
     mech = isolation.mechanism()
     limits = limits_for(job.device)
     report = ReportPipe() if job.mode in ("candidate", "baseline") and job.timer is not None else None
-    argv, env = _command(job, scratch, job_file, wfd, marker, mech, limits)
+    argv, env = _command(job, scratch, job_file, wfd, marker, mech, limits, prefix)
     control = control or Control()
     env.update(control.env)
     argv += [str(fd) for fd in report.child_fds] if report else []
@@ -203,7 +204,7 @@ def run_worker(job: Job, timeout_s: float, on_message: Optional[Callable[[Messag
 
 
 def _command(job: Job, scratch: Path, job_file: Path, wfd: int, marker: str, mech: Mechanism,
-             limits) -> tuple[list[str], dict[str, str]]:
+             limits, prefix: Sequence[str] = ()) -> tuple[list[str], dict[str, str]]:
     """The worker's command line and environment under `mech`. Only the judge may write the cache
     (measured ceilings, host speed); a candidate's compiler runs inside its sandbox, so its path is readable."""
     env = isolation.worker_env(child_env(job.device, marker), mech, scratch)
@@ -212,7 +213,8 @@ def _command(job: Job, scratch: Path, job_file: Path, wfd: int, marker: str, mec
     for w in writable:
         w.mkdir(parents=True, exist_ok=True)
     reads = [p for p in (job.compiler or []) + os.environ.get("OPTAGENT_NVCC", "").split() if os.path.isabs(p)]
-    argv = [sys.executable, "-m", "optagent.worker", str(job_file), str(wfd)]
+    reads += [str(Path(p).resolve().parent) for p in prefix[:1] if os.path.isabs(p)]  # ncu's own folder
+    argv = [*prefix, sys.executable, "-m", "optagent.worker", str(job_file), str(wfd)]
     return isolation.wrap(argv, env, mech, scratch, job.device, job.task_dir, writable, reads), env
 
 

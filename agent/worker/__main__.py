@@ -1,12 +1,13 @@
 """Child side of an evaluation: ``python -m optagent.worker JOB_FILE RESULT_FD [SECRET_FD REPORT_FD]``.
 
-Four modes. ``candidate`` (untrusted: the kernel is loaded here) times the
+Five modes. ``candidate`` (untrusted: the kernel is loaded here) times the
 baseline before any candidate code exists in the process, then per case loads
 a fresh copy of the kernel, runs it on the package's inputs and on freshly
 drawn ones, times it, and saves its outputs. ``judge`` (trusted: never loads the
 candidate) rebuilds the same inputs from the seeds, computes the references and
 gives the verdicts. ``baseline`` times the baselines alone (a pool's, once per
-lane). ``probe`` loads a package for ``optagent task validate``.
+lane). ``probe`` loads a package for ``optagent task validate``. ``profile`` (untrusted, under
+ncu, for --profile) runs the kernel once per case for Nsight Compute (worker/profile.py).
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ def main() -> None:
             from optagent.worker.candidate import Candidate
 
             Candidate(job, chan).run_baselines()
+        elif job.mode == "profile":
+            from optagent.worker.profile import profile
+
+            profile(job, chan)
         elif job.mode == "judge":
             from optagent.worker.judge import judge
 

@@ -14,6 +14,7 @@ from optagent.llm import feedback as fb
 from optagent.llm.feedback import Rules
 from optagent.llm.edits import EditError, kernel_from_reply
 from optagent.llm.replies import NoKernelError, extract_idea
+from optagent.llm.profile_view import profile_rows
 from optagent.llm.prompts import render
 from optagent.search.planners.memory_view import memory_view
 from optagent.protocols import LLM, Attempt, PlannerContext
@@ -79,6 +80,7 @@ def _result_view(result: Optional[EvalResult], source: Optional[str] = None) -> 
         "rows": _case_rows(result),
         "groups": fb.failing_groups(result),
         "kernels": fb.kernel_lines(result),
+        "profile": profile_rows(result),
         "error_at": fb.error_at(result, source),
     }
 
