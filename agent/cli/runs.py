@@ -108,7 +108,8 @@ def cmd_run(a) -> int:
     con = human_console(a)
     language, why, starters = pick_language(
         task, device, a.language, lambda: build_evaluator(task, device, a.cases, hidden=not a.no_hidden,
-                                                          timeout_s=a.timeout, compiler=a.compiler),
+                                                          timeout_s=a.timeout, compiler=a.compiler,
+                                                          profile=a.profile),
         lambda line: con.print(line, markup=False, soft_wrap=True))
     con.print(f"language {language.value}: {why}", markup=False, soft_wrap=True)
     planner = PlannerKind(a.planner)
