@@ -243,7 +243,7 @@ step_mode() {  # issue 22: an outside agent's session in step mode on the decode
   cp $d/splitkv_fused.py "$k/fused.py"
   sed 's/^WAVES = 1 /WAVES = 2 /' $d/splitkv_gqa.py > "$k/gqa_w2.py"
   sed 's/^NUM_WARPS = 4 /NUM_WARPS = 8 /' $d/splitkv_gqa.py > "$k/gqa_nw8.py"
-  OPTAGENT_RUNS_DIR=$rd oa run "$OURS" --planner external --language triton ${PROFILE:+--profile} --json \
+  OPTAGENT_RUNS_DIR=$rd oa run "$OURS" --planner external --language triton ${PROFILE:+--profile} ${STEP_CASES:+--cases $STEP_CASES} --json \
     > "$OUT/step-start.json" 2> "$OUT/step-start.log"; echo "step mode start: exit $?"
   id=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['run_id'])" "$OUT/step-start.json") || return
   OPTAGENT_RUNS_DIR=$rd oa propose "$id" "$k/gqa.py" "$k/gqa_p4.py" --idea "split-KV flash-decoding with GQA" \
