@@ -10,8 +10,10 @@ from optagent.schema import CaseResult
 
 
 def main(out: Path) -> None:
-    results = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json"))
-               if p.stem not in ("gpu",) and "status" in p.read_text()[:200]}
+    loaded = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json"))
+              if p.stem not in ("gpu",) and "status" in p.read_text()[:200]}
+    # eval results only: a run's --json (e.g. step mode's start) has "status" inside its state
+    results = {k: r for k, r in loaded.items() if isinstance(r, dict) and "status" in r and "cases" in r}
     for name, r in results.items():
         print(f"\n{name}: {r['status']} {r.get('reason') or ''}"[:300])
         print(f"  {'case':<9}{'status':<14}{'rel_err':>9}{'eager us':>11}{'gpu us':>10}{'base us':>10}"

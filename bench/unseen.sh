@@ -45,7 +45,10 @@ first = json.loads((run / "steps" / "0000" / "result.json").read_text())
 best = out.get("best") or first
 pcts = [100 * c["floor_us"] / min(x for x in (c.get("time_us"), c.get("gpu_us")) if x)
         for c in best["cases"] if c.get("floor_us") and c.get("time_us") and c["kind"] != "hidden"]
-s, b = first.get("geomean_time_us"), best.get("geomean_time_us")
+def geomean_us(result: dict):  # EvalResult.geomean_time_us is a property: not in the JSON
+    ts = [c["time_us"] for c in result.get("cases", []) if c["kind"] != "hidden" and c.get("time_us")]
+    return math.exp(sum(map(math.log, ts)) / len(ts)) if ts and result.get("status") == "PASSED" else None
+s, b = geomean_us(first), geomean_us(best)
 floor = f"~{sum(pcts) / len(pcts):.0f}%" + (" est." if any(c.get("floor_kind") == "estimate" for c in best["cases"]) else "") if pcts else "-"
 x = f"{s / b:.2f}x" if s and b else "-"
 print(f"{name:<28} {config['language']:<7} {s or float('nan'):>10.1f} {b or float('nan'):>10.1f} {x:>7} {floor:>10} "

@@ -290,4 +290,5 @@ def gpu_facts() -> dict:
     p = torch.cuda.get_device_properties(0)
     return {"name": p.name, "sm_count": p.multi_processor_count,
             "l2_mb": getattr(p, "L2_cache_size", 0) / 2**20, "bandwidth_gbs": measured_bandwidth_gbs(),
-            "smem_per_sm_kb": getattr(p, "shared_memory_per_multiprocessor", 0) / 1024 or None}
+            "smem_per_sm_kb": getattr(p, "shared_memory_per_multiprocessor", 0) / 1024 or None,
+            "bf16_tflops": measured_matmul_tflops()}
