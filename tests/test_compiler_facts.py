@@ -118,3 +118,18 @@ def test_the_prompt_shows_what_the_compiler_reports() -> None:
         "_decode (triton): 96 registers, 8 B spilled, 4.0 KiB shared, 4 warps, occupancy 31%"]  # 5 blocks of 4 warps
     prompt = build_messages(ctx)[1]["content"]
     assert "What the compiler reports" in prompt and "- _decode (triton): 96 registers, 8 B spilled" in prompt
+
+
+def test_a_two_step_cuda_build_keeps_lineinfo_in_the_compile_step():
+    from pathlib import Path
+
+    from optagent.schema import Device
+    from optagent.worker.backends.cuda import CudaBackend
+
+    b = CudaBackend(Device.CUDA, ["nvcc", "-O3", "-shared", "-Xcompiler", "-fPIC", "-lineinfo", "-lcublas",
+                                  "-L/opt/lib", "{arch}", "-o", "{out}", "{src}"], 60.0)
+    compile_only = b._command(Path("k.o"), Path("k.cu"), "-arch=sm_90", compile_only=True)
+    assert "-lineinfo" in compile_only and "-c" in compile_only and "-shared" not in compile_only
+    assert "-lcublas" not in compile_only and "-L/opt/lib" not in compile_only
+    from optagent.worker.backends.cuda import is_link_flag
+    assert [p for p in b.compiler if is_link_flag(p)] == ["-lcublas", "-L/opt/lib"]

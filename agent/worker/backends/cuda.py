@@ -29,6 +29,11 @@ from optagent.worker.backends.base import CompileError, Refused
 
 DEFAULT_COMPILER = "nvcc -O3 -shared -Xcompiler -fPIC -lineinfo {arch} -o {out} {src}"
 LINK_FLAGS = ("-l", "-L")  # given to the link step only, when the build is two steps
+
+
+def is_link_flag(part: str) -> bool:
+    """-lcublas, -L/usr/lib: the link step's; -lineinfo, which starts alike, is the compiler's."""
+    return part.startswith(LINK_FLAGS) and not part.startswith("-lineinfo")
 OBJECT_SCAN = "object-scan-1"  # in the cache key: a library built before the check is not reused
 SIGNATURE = re.compile(r'extern\s+"C"\s+(?:__host__\s+)?void\s+run_kernel\s*\(([^)]*)\)', re.S)
 
@@ -95,7 +100,7 @@ class CudaBackend:
                 cmd.extend(arch.split())
             elif compile_only and part == "-shared":
                 cmd.append("-c")
-            elif not (compile_only and part.startswith(LINK_FLAGS)):
+            elif not (compile_only and is_link_flag(part)):
                 cmd.append(part.format(out=out, src=src, arch=arch))
         if Path(cmd[0]).name == "nvcc":  # ptxas -v: registers, spills, shared memory per kernel (compiler_facts.py)
             cmd[1:1] = ["-Xptxas", "-v"]
@@ -133,7 +138,7 @@ class CudaBackend:
             why = scan_cuda_object(str(obj))
             if why:
                 raise Refused(why)
-            libs = [p for p in self.compiler if p.startswith(LINK_FLAGS)]
+            libs = [p for p in self.compiler if is_link_flag(p)]
             # no device link: the object is whole-program code, as a one-step build leaves it
             self._run([self.compiler[0], "-shared", "--no-device-link", "-o", str(out), str(obj), *libs],
                       scratch, source_path)
