@@ -23,6 +23,7 @@ ray = pytest.importorskip("ray")
 from optagent.cli.build import build_evaluator  # noqa: E402
 from optagent.cli.main import main  # noqa: E402
 from optagent.evaluation.ray_lane import LaneSpec, pack_task, unpack_task  # noqa: E402
+from optagent.messages import Phase  # noqa: E402
 from optagent.protocols import Pool, PoolJob  # noqa: E402
 from optagent.schema import ClusterEngine, Language, RunStatus, Status, StepOutcome  # noqa: E402
 from optagent.search.store import RunStore  # noqa: E402
@@ -139,11 +140,12 @@ def test_a_replay_run_survives_its_actor_killed_mid_candidate(cluster, pkg, tmp_
     replies.write_text("".join(json.dumps(r) + "\n" for r in REPLIES))
     scratch, runs = Path(os.environ["OPTAGENT_SCRATCH"]), tmp_path / "runs"
     killed: list[str] = []
+    earlier = set(scratch.glob("*/candidate.py"))  # kept by earlier tests of this process
 
     def killer() -> None:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not killed:
-            if scratch.is_dir() and any(scratch.glob("*/candidate.py")):  # an evaluation is under way
+            if set(scratch.glob("*/candidate.py")) - earlier:  # an evaluation of this run is under way
                 for name in ray.util.list_named_actors():
                     if name.startswith("optagent-lane"):
                         ray.kill(ray.get_actor(name))
@@ -188,8 +190,10 @@ def test_a_sick_actor_is_replaced_and_a_device_fault_is_checked(cluster, pkg, tm
         assert isinstance(pool, Pool) and pool.lanes == 1 and pool.replaced == 1
         head = "def run_kernel(x, out, n):\n"
         bad = FAST.replace(head, f"{head}    raise RuntimeError({FAULT!r})\n")
-        got = list(pool.evaluate([PoolJob(7, bad, Language.TRITON)]))
+        events = []
+        got = list(pool.evaluate([PoolJob(7, bad, Language.TRITON)], progress=events.append))
         assert len(got) == 1  # once, though it ran twice
+        assert {e.phase for e in events if e.step == 7} >= {Phase.STARTING, Phase.CASE}  # streamed as they came
         job, result = got[0]
         assert job.key == 7 and result.status is Status.RUNTIME_ERROR and FAULT in result.reason
         assert pool.replaced == 2 and pool.requeued == 1
@@ -197,3 +201,24 @@ def test_a_sick_actor_is_replaced_and_a_device_fault_is_checked(cluster, pkg, tm
         assert pool.baseline_runs() == {0: 1}  # the fresh actor timed its own baselines, once
     finally:
         pool.close()
+
+
+def test_a_retime_is_pinned_to_the_actor_that_timed_the_incumbent():
+    """Which actor a re-time goes to (no cluster: the pool's choice alone)."""
+    from optagent.evaluation.ray_lane import LaneInfo
+    from optagent.evaluation.ray_pool import Flight, RayPool, Slot
+
+    pool = RayPool.__new__(RayPool)
+    info = LaneInfo(node="n", pid=1, jobs=2)
+    pool.slots = {0: Slot(0, None, None, 0.0, info), 1: Slot(1, None, None, 0.0, info)}
+    pool.timed_on = {5: 1, 6: 0}
+    asked = []
+    pool._run = lambda flights, sink: asked.extend(flights) or iter(flights)
+    pool.retime([PoolJob(5, "a", Language.TRITON), PoolJob(6, "b", Language.TRITON)])
+    assert asked[0].pinned == 1  # the incumbent's (job 5's) actor, though job 6 was timed on the other
+    assert pool._slot_for(asked[0]) is pool.slots[1]
+    pool.slots[1] = Slot(1, None, "starting", 0.0)  # replaced since: a fresh actor, no better than another
+    assert pool._slot_for(asked[0]) is pool.slots[0] and asked[0].pinned == 0
+    evaluation = Flight([PoolJob(7, "c", Language.TRITON)])
+    pool.slots[0].busy = 2  # full: an evaluation waits for a free place
+    assert pool._slot_for(evaluation) is None

@@ -13,6 +13,7 @@ Its answers stream (a Ray streaming generator): progress events as they happen, 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import queue
@@ -31,7 +32,7 @@ from optagent.cache import cache_root
 from optagent.messages import CaseSpec
 from optagent.progress import Progress
 from optagent.protocols import PoolJob
-from optagent.schema import Device, EvalResult, Isolation, Language, Record
+from optagent.schema import Device, EvalResult, Isolation, Language, Record, Status
 from optagent.task import TaskError, load_task
 
 if TYPE_CHECKING:
@@ -61,6 +62,10 @@ class RemoteJob(Record):
     def pool_job(self) -> PoolJob:
         return PoolJob(self.key, self.source, self.language)
 
+    @staticmethod
+    def of(job: PoolJob) -> str:
+        return RemoteJob(key=job.key, source=job.source, language=job.language).model_dump_json()
+
 
 class LaneInfo(Record):
     """An actor's answer to ready(): where it runs and whether it can take work."""
@@ -83,6 +88,13 @@ class LaneEvent(Record):
 
 Builder = Callable[[LaneSpec, Path], "LocalPool"]
 Health = Callable[[Device], Optional[str]]
+
+
+def lost_result(job: PoolJob, device: Device, why: str, tries: int) -> EvalResult:
+    """The record of a job whose evaluation was lost with its actor every time it was tried."""
+    return EvalResult(status=Status.RUNTIME_ERROR, language=job.language, device=device, wall_s=0.0,
+                      source_sha256=hashlib.sha256(job.source.encode()).hexdigest(),
+                      reason=f"the evaluation was lost with its Ray actor {tries} times (last: {why})")
 
 
 def pack_task(root: Path) -> bytes:

@@ -16,7 +16,6 @@ is replaced, and that result is not trusted: the job runs again on the fresh act
 
 from __future__ import annotations
 
-import hashlib
 import re
 import time
 import uuid
@@ -27,11 +26,11 @@ from typing import Any, Iterator, Optional, Sequence
 import ray
 
 from optagent.evaluation.ray_cluster import LOST, ClusterError, actor_env, connect, cpu_lanes, gpu_lanes, where
-from optagent.evaluation.ray_lane import Builder, Health, LaneActor, LaneEvent, LaneInfo, LaneSpec, RemoteJob, \
-    device_trouble
+from optagent.evaluation.ray_lane import (Builder, Health, LaneActor, LaneEvent, LaneInfo, LaneSpec, RemoteJob,
+                                         device_trouble, lost_result)
 from optagent.progress import ProgressSink
 from optagent.protocols import PoolJob
-from optagent.schema import Device, EvalResult, Isolation, Status
+from optagent.schema import Device, EvalResult, Isolation
 
 MAX_TRIES = 3  # a job's evaluations lost with their actor before it is recorded as failed
 MAX_STARTS = 3  # actors a slot may start in a row that fail their health check before the slot is given up
@@ -115,7 +114,10 @@ class RayPool:
 
     def close(self) -> None:
         for slot in self.slots.values():
-            ray.kill(slot.actor, no_restart=True)
+            try:
+                ray.kill(slot.actor, no_restart=True)
+            except Exception:  # gone with its node
+                pass
         self.slots = {}
         if self._owns_ray:
             ray.shutdown()
@@ -219,9 +221,9 @@ class RayPool:
             slot.busy += 1
             streaming = dict(num_returns="streaming")
             if flight.pinned is not None:
-                stream = slot.actor.retime.options(**streaming).remote(flight.token, [_json(j) for j in flight.jobs])
+                stream = slot.actor.retime.options(**streaming).remote(flight.token, [RemoteJob.of(j) for j in flight.jobs])
             else:
-                stream = slot.actor.evaluate.options(**streaming).remote(flight.token, _json(flight.jobs[0]))
+                stream = slot.actor.evaluate.options(**streaming).remote(flight.token, RemoteJob.of(flight.jobs[0]))
             flying[stream] = flight
 
     def _slot_for(self, flight: Flight) -> Optional[Slot]:
@@ -283,17 +285,8 @@ class RayPool:
             f.tries, f.slot, f.results = f.tries + 1, None, []
             self.requeued += 1
             if f.tries >= MAX_TRIES:
-                f.results = [_lost(job, self.spec.device, why, f.tries) for job in f.jobs]
+                f.results = [lost_result(job, self.spec.device, why, f.tries) for job in f.jobs]
                 done.append(f)
             else:
                 todo.appendleft(f)
 
-
-def _json(job: PoolJob) -> str:
-    return RemoteJob(key=job.key, source=job.source, language=job.language).model_dump_json()
-
-
-def _lost(job: PoolJob, device: Device, why: str, tries: int) -> EvalResult:
-    return EvalResult(status=Status.RUNTIME_ERROR, language=job.language, device=device, wall_s=0.0,
-                      source_sha256=hashlib.sha256(job.source.encode()).hexdigest(),
-                      reason=f"the evaluation was lost with its Ray actor {tries} times (last: {why})")
