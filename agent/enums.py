@@ -83,6 +83,13 @@ class RunStatus(str, enum.Enum):
     WAITING = "WAITING"  # an outside agent's run: every proposal evaluated, waiting for the next round
 
 
+class ClusterEngine(Word):
+    """What evaluates a run's candidates (--cluster): this host's pool, or a Ray cluster's actors."""
+
+    LOCAL = "local"
+    RAY = "ray"
+
+
 class TimerKind(Word):
     """What took a verdict's timings (worker/timers.py)."""
 

@@ -144,7 +144,7 @@ class PoolJob:
 class Pool(Protocol):
     """Evaluates a round's kernels, several at once where it can.
 
-    The engine behind it (local processes today, a cluster later) is the builder's choice.
+    The engine behind it (local processes, or a Ray cluster's actors: --cluster ray) is the builder's choice.
     lanes is the number of timing lanes: one per GPU it times on, timing serialised per lane.
     """
 

@@ -15,8 +15,8 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 # The enums live in their own module; every record module imports them from here.
-from optagent.enums import (SEVERITY, CaseKind, Device, FloorKind, Language, PlannerKind, RunStatus,  # noqa: F401
-                            Status, StepOutcome, TimerKind, Word)
+from optagent.enums import (SEVERITY, CaseKind, ClusterEngine, Device, FloorKind, Language, PlannerKind,  # noqa: F401
+                            RunStatus, Status, StepOutcome, TimerKind, Word)
 from optagent.kernel_facts import KernelFacts  # noqa: F401 (a part of CaseResult, apart for its length)
 from optagent.profile_facts import CaseProfile  # noqa: F401 (likewise)
 from optagent.costs import Costs
@@ -277,6 +277,8 @@ class RunConfig(Record):
     width: int = Field(1, ge=1)  # candidates proposed and evaluated per round
     time_limit_s: Optional[float] = None
     budget_usd: Optional[float] = None
+    cluster: ClusterEngine = ClusterEngine.LOCAL  # --cluster: where candidates are evaluated
+    cluster_address: Optional[str] = None  # --cluster ray=ADDRESS (None: a local Ray instance)
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
 
 

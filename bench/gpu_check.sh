@@ -11,10 +11,13 @@
 #                                   on two GPUs: the steps of LANE0 on GPU 0, those of LANE1 on
 #                                   GPU 1 (steps: the functions below, arguments after colons)
 #                                   e.g. LANE1="trace:4/16384:1/1024": where a bulk-kernel launch spends its time
+#   STEPS=ray_overhead bash bench/gpu_check.sh steps   Ray's overhead per candidate against the local pool
+#                                   (issue 24; needs .ray/ray.tar.xz from bench/pack_ray.sh)
 #
-# Reads the seed package from .seed/, py3.12 wheels from .whl/ and TileLang from .tl/tl.tar.xz
-# (see docs/gpu.md). env: RUN_LANG=cuda|triton, RUN_LIMIT=seconds (run), MORE_LIMIT=seconds (more),
-# TL_LIMIT=seconds (the TileLang run), DEADLINE=seconds (lanes).
+# Reads the seed package from .seed/, py3.12 wheels from .whl/, TileLang from .tl/tl.tar.xz and
+# Ray from .ray/ray.tar.xz (see docs/gpu.md). env: RUN_LANG=cuda|triton, RUN_LIMIT=seconds (run),
+# MORE_LIMIT=seconds (more), TL_LIMIT=seconds (the TileLang run), DEADLINE=seconds (lanes),
+# RAY_CANDIDATES, RAY_ORDER, RAY_LIMIT (ray_overhead).
 set -uo pipefail
 STAGE=${1:-${STAGE:-check}}  # the argument, else $STAGE
 OUT=${OUT:-/tmp/optagent-out}
@@ -27,6 +30,7 @@ mkdir -p /tmp/site && ln -sfn "$PWD/agent" /tmp/site/optagent
 # bubblewrap for the workers' isolation, from .debs/ (apt-get download bubblewrap libcap2) where the machine lacks it
 if [ -d .debs ] && ! command -v bwrap > /dev/null; then dpkg -i .debs/*.deb > /dev/null 2>&1 || echo "bwrap: not installed"; fi
 untar_tl() { [ -f .tl/tl.tar.xz ] && [ ! -d /tmp/site/tilelang ] && tar xJf .tl/tl.tar.xz -C /tmp/site; true; }
+untar_ray() { [ -f .ray/ray.tar.xz ] && [ ! -d /tmp/site/ray ] && tar xJf .ray/ray.tar.xz -C /tmp/site; true; }  # bench/pack_ray.sh
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 oa() { python3 -m optagent.cli.main "$@"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -255,6 +259,14 @@ step_mode() {  # issue 22: an outside agent's session in step mode on the decode
   OPTAGENT_RUNS_DIR=$rd oa show "$id" > "$OUT/step-show.txt" 2>&1
   OPTAGENT_RUNS_DIR=$rd oa feedback "$id" > "$OUT/step-feedback.txt" 2>&1
   cat "$OUT/step-show.txt"
+}
+
+ray_overhead() {  # issue 24: Ray's overhead per candidate against the local pool on one GPU (bench/ray_overhead.py)
+  untar_ray
+  python3 -c "import ray; print('ray', ray.__version__)" >> "$OUT/gpu.txt" 2>&1 || { echo "ray: not importable (.ray/ray.tar.xz?)"; return; }
+  timeout "${RAY_LIMIT:-480}" python3 bench/ray_overhead.py --candidates "${RAY_CANDIDATES:-8}" \
+    --order "${RAY_ORDER:-local,ray}" --out "$OUT/ray_overhead.json" > "$OUT/ray_overhead.txt" 2> "$OUT/ray_overhead.log"
+  echo "ray overhead: exit $?"; cat "$OUT/ray_overhead.txt"; grep -E "Error|error:" "$OUT/ray_overhead.log" | head -5
 }
 
 steps() {  # STEPS="fn[:arg[:arg]] ...": the named functions one after another, on one GPU

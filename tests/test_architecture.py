@@ -18,7 +18,7 @@ PACKAGE = "optagent"
 MAX_LINES = 300
 KERNELS = AGENT / "search" / "strategies"  # contest submissions: one file per kernel, long by nature
 BUILDER = "optagent.cli.build"
-CONCRETE = {"SandboxEvaluator", "LocalPool", "LLMPlanner", "OfflinePlanner", "ReplayPlanner", "OpenAICompatLLM"}
+CONCRETE = {"SandboxEvaluator", "LocalPool", "RayPool", "LLMPlanner", "OfflinePlanner", "ReplayPlanner", "OpenAICompatLLM"}
 
 
 def module_name(path: Path, root: Path = AGENT) -> str:

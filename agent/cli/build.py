@@ -7,15 +7,16 @@ them is chosen here, from the command's options or from a run's recorded config.
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 from typing import Optional
 
 from optagent.cli.inputs import UserError
 from optagent.evaluation.evaluator import TIMEOUT_S, SandboxEvaluator, choose_cases
 from optagent.protocols import Evaluator, Memory, Planner, Pool
-from optagent.schema import Device, PlannerKind, RunConfig
+from optagent.schema import ClusterEngine, Device, PlannerKind, RunConfig
 from optagent.search.loop import Limits
 from optagent.search.store import RunStore
-from optagent.task import TaskPackage
+from optagent.task import TaskPackage, load_task
 
 
 def build_evaluator(task: TaskPackage, device: Device, cases: Optional[str], *, hidden: bool = True,
@@ -36,16 +37,50 @@ def profile_notice(evaluator: Evaluator) -> str:
     return evaluator.profiler.notice()
 
 
-def build_pool(evaluator: Evaluator, jobs: Optional[int] = None, known: Optional[dict] = None) -> Pool:
+def build_pool(evaluator: Evaluator, jobs: Optional[int] = None, known: Optional[dict] = None,
+               config: Optional[RunConfig] = None) -> Pool:
     """What evaluates a run's rounds: the local pool over the sandboxed evaluator, `jobs` evaluations
-    at once (default: from the lanes and cores, evaluation/pool.py), one timing lane per visible GPU.
-    (evaluation/serial_pool.py, one evaluation at a time, serves the loop's own tests.)"""
+    at once (default: from the lanes and cores, evaluation/pool.py), one timing lane per visible GPU;
+    or, for a run recorded with --cluster ray, the Ray pool: a lane actor per GPU of the cluster, each
+    with a local pool of its own (`jobs` at once on each). (evaluation/serial_pool.py, one evaluation
+    at a time, serves the loop's own tests.)"""
     from optagent.evaluation.known import KnownFirst
     from optagent.evaluation.pool import LocalPool
 
     assert isinstance(evaluator, SandboxEvaluator)
-    pool = LocalPool(evaluator, jobs=jobs)
+    if config is not None and config.cluster is ClusterEngine.RAY:
+        check_cluster(config)
+        from optagent.evaluation.ray_lane import LaneSpec, pack_task
+        from optagent.evaluation.ray_pool import RayPool
+
+        task = evaluator.task
+        spec = LaneSpec(task_name=task.root.name, task_digest=task.digest(), device=evaluator.device,
+                        cases=evaluator.cases, timeout_s=evaluator.timeout_s, compiler=evaluator.compiler,
+                        profile=evaluator.profiler is not None, jobs=jobs)
+        pool = RayPool(spec, pack_task(task.root), build_lane_pool, address=config.cluster_address)
+    else:
+        pool = LocalPool(evaluator, jobs=jobs)
     return KnownFirst(pool, known) if known else pool
+
+
+def build_lane_pool(spec, root: Path) -> Pool:
+    """A Ray lane actor's own pool (evaluation/ray_lane.py), on its node: the run's evaluator over the
+    package unpacked there, one lane (the GPU Ray gave the actor)."""
+    from optagent.evaluation.pool import LocalPool
+
+    evaluator = SandboxEvaluator(load_task(root), spec.device, spec.cases, timeout_s=spec.timeout_s,
+                                 compiler=spec.compiler, profile=spec.profile)
+    return LocalPool(evaluator, jobs=spec.jobs, devices=[None])
+
+
+def check_cluster(config: RunConfig) -> None:
+    """--cluster ray where Ray is not installed: one line naming the extra, before anything is recorded."""
+    if config.cluster is not ClusterEngine.RAY:
+        return
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise UserError("--cluster ray needs Ray, which is not installed: pip install 'optagent[cluster]'") from None
 
 
 def run_evaluator(config: RunConfig, task: TaskPackage) -> Evaluator:

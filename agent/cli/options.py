@@ -8,7 +8,7 @@ from typing import Optional
 
 from optagent.cli.inputs import NON_NEGATIVE, PATIENCE, SECONDS, STEPS, WIDTH, number
 from optagent.evaluation.evaluator import TIMEOUT_S
-from optagent.schema import Device, Language, PlannerKind, RunConfig
+from optagent.schema import ClusterEngine, Device, Language, PlannerKind, RunConfig
 from optagent.search.loop import Limits
 
 
@@ -72,10 +72,27 @@ def add_limit_options(p: argparse.ArgumentParser) -> None:
                    help="stop once LLM spending reaches this")
 
 
-def add_pool_options(p: argparse.ArgumentParser) -> None:
+def cluster_option(text: str) -> tuple[ClusterEngine, Optional[str]]:
+    """--cluster local | ray | ray=ADDRESS -> (engine, address)."""
+    name, sep, address = text.partition("=")
+    try:
+        engine = ClusterEngine(name.strip().lower())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be local, ray or ray=ADDRESS, got {text}") from None
+    if sep and (engine is ClusterEngine.LOCAL or not address.strip()):
+        raise argparse.ArgumentTypeError(f"must be local, ray or ray=ADDRESS (an address after ray=), got {text}")
+    return engine, address.strip() or None
+
+
+def add_pool_options(p: argparse.ArgumentParser, resume: bool = False) -> None:
     p.add_argument("--jobs", type=number("a whole number of evaluations >= 1", integer=True, minimum=1),
-                   help="evaluations at once (default: two per timing lane plus two, at most half the cores); "
-                        "timing stays one at a time per GPU")
+                   help="evaluations at once (default: two per timing lane plus two, at most half the cores; "
+                        "with --cluster ray, on each lane actor); timing stays one at a time per GPU")
+    p.add_argument("--cluster", type=cluster_option, metavar="ray[=ADDRESS]",
+                   help="evaluate on a Ray cluster: a lane actor per GPU on any node (ADDRESS: the head's "
+                        "HOST:PORT or auto; without it a local Ray instance); pip install 'optagent[cluster]'. "
+                        + ("Default: the run's own; local goes back to this host's pool" if resume
+                           else "Default: local, this host's pool"))
 
 
 def add_runs_dir(p: argparse.ArgumentParser) -> None:

@@ -7,15 +7,15 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from optagent.cli.build import (build_evaluator, build_planner, build_pool, profile_notice, run_evaluator, run_limits,
-                                run_memory)
+from optagent.cli.build import (build_evaluator, build_planner, build_pool, check_cluster, profile_notice,
+                                run_evaluator, run_limits, run_memory)
 from optagent.cli.language import pick_language
 from optagent.cli.inputs import UserError, check_env
 from optagent.cli.options import (add_eval_options, add_limit_options, add_planner_options, add_pool_options,
                                   add_runs_dir, resolve_device)
-from optagent.protocols import Evaluator, Planner
+from optagent.protocols import Evaluator, Planner, Pool
 from optagent.profile_facts import ProfileStatus
-from optagent.schema import Device, PlannerKind, RunConfig, RunState, RunStatus, Step
+from optagent.schema import ClusterEngine, Device, PlannerKind, RunConfig, RunState, RunStatus, Step
 from optagent.search.loop import Loop
 from optagent.search.store import RunError, RunStore, new_run_id, runs_dir
 from optagent.task import TaskPackage, load_task
@@ -56,20 +56,21 @@ def _preflight(task: TaskPackage, config: RunConfig):
     from optagent.evaluation.evaluator import probe_task
 
     check_env()
+    check_cluster(config)  # Ray missing: one line before the run exists
     planner = build_planner(config, task)  # an LLM endpoint is checked here: milliseconds, the probe takes seconds
     probe_task(task, cached=True)  # a package that does not load is a TaskError; only a good probe is cached
     return planner
 
 
-def _drive(store: RunStore, task: TaskPackage, a, con, planner: Planner, evaluator: Evaluator,
-           known: Optional[dict] = None) -> int:
-    """known: results already taken for some sources (the starter timed to choose the language)."""
+def _drive(store: RunStore, task: TaskPackage, a, con, planner: Planner, evaluator: Evaluator, pool: Pool) -> int:
+    """Runs the loop on `pool` (built over `evaluator`), and closes it."""
     from optagent.cli.live import LiveProgress
 
     cfg = store.config
-    store.lock()
-    live = None if a.quiet else LiveProgress(console(stderr=True))
+    live = None
     try:
+        store.lock()
+        live = None if a.quiet else LiveProgress(console(stderr=True))
         con.print(f"run {store.path.name}: {task.name}, {cfg.language.value} on {cfg.device.value}, planner "
                   f"{planner.name}{' (' + planner.model + ')' if planner.model else ''}", soft_wrap=True)
         if cfg.device is Device.CPU:
@@ -81,11 +82,12 @@ def _drive(store: RunStore, task: TaskPackage, a, con, planner: Planner, evaluat
             con.print(profile_notice(evaluator), markup=False, soft_wrap=True)
         memory = run_memory(store)
         con.print(memory.summary(), markup=False, soft_wrap=True)
-        state = Loop(store, task, planner, build_pool(evaluator, a.jobs, known), run_limits(cfg),
+        state = Loop(store, task, planner, pool, run_limits(cfg),
                      _progress(con, time.monotonic(), live), progress=live, memory=memory).run()
     finally:
         if live is not None:
             live.close()
+        pool.close()
         store.unlock()
     best = store.best()
     outcome = f"{state.status.value}: {state.reason or 'stopped'}. {state.steps} step{'s' * (state.steps != 1)}"
@@ -131,13 +133,19 @@ def cmd_run(a) -> int:
                        request_timeout_s=a.request_timeout, max_tokens=int(a.max_tokens) if a.max_tokens else None,
                        temperature=a.temperature, cases=a.cases, hidden=not a.no_hidden, fresh=a.fresh,
                        profile=a.profile, timeout_s=a.timeout, min_gain=a.min_gain, patience=patience,
-                       max_steps=a.max_steps, width=a.width, time_limit_s=a.time_limit, budget_usd=a.budget_usd)
+                       max_steps=a.max_steps, width=a.width, time_limit_s=a.time_limit, budget_usd=a.budget_usd,
+                       **_cluster(a.cluster))
     evaluator = run_evaluator(config, task)  # a bad --cases fails before a run exists
     root = runs_dir(a.runs_dir)
     planner = _preflight(task, config)
-    store = RunStore.create(root, config, task.starter(language).source)
     known = {(task.starter(language).source, language): starters[language]} if language in starters else {}
-    return _drive(store, task, a, con, planner, evaluator, known)
+    pool = build_pool(evaluator, a.jobs, known, config)  # a cluster that cannot evaluate fails here, before the run
+    try:
+        store = RunStore.create(root, config, task.starter(language).source)
+    except BaseException:
+        pool.close()
+        raise
+    return _drive(store, task, a, con, planner, evaluator, pool)
 
 
 def cmd_resume(a) -> int:
@@ -151,7 +159,8 @@ def cmd_resume(a) -> int:
         raise RunError(f"{task.root}: the task package changed since run {cfg.run_id} started "
                        "(resume with --force to continue anyway)")
     cfg = _handed_over(store, cfg, task, a)
-    return _drive(store, task, a, human_console(a), _preflight(task, cfg), run_evaluator(cfg, task))
+    planner, evaluator = _preflight(task, cfg), run_evaluator(cfg, task)
+    return _drive(store, task, a, human_console(a), planner, evaluator, build_pool(evaluator, a.jobs, None, cfg))
 
 
 def _handed_over(store: RunStore, cfg: RunConfig, task: TaskPackage, a) -> RunConfig:
@@ -159,6 +168,8 @@ def _handed_over(store: RunStore, cfg: RunConfig, task: TaskPackage, a) -> RunCo
     from optagent.llm.config import llm_settings_from_env
 
     changes: dict = {}
+    if a.cluster is not None and _cluster(a.cluster) != _cluster((cfg.cluster, cfg.cluster_address)):
+        changes.update(_cluster(a.cluster))
     if a.task is not None and str(task.root) != cfg.task_dir:
         changes["task_dir"] = str(task.root)
     if a.planner is not None and PlannerKind(a.planner) is not cfg.planner:
@@ -175,8 +186,15 @@ def _handed_over(store: RunStore, cfg: RunConfig, task: TaskPackage, a) -> RunCo
             changes["patience"] = cfg.max_steps + 1
     if changes:
         cfg = cfg.model_copy(update=changes)
+        check_cluster(cfg)  # Ray missing: the run's config stays as it was
         store.save_config(cfg)
     return cfg
+
+
+def _cluster(option) -> dict:
+    """RunConfig's fields for a --cluster value (None: this host's pool)."""
+    engine, address = option or (ClusterEngine.LOCAL, None)
+    return dict(cluster=engine, cluster_address=address)
 
 
 def add_run_commands(sub: argparse._SubParsersAction) -> None:
@@ -205,7 +223,7 @@ def add_run_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--task", help="the task package's directory, where the run was moved from another machine "
                    "(its digest must match the run's)")
     s.add_argument("--quiet", action="store_true")
-    add_pool_options(s)
+    add_pool_options(s, resume=True)
     s.add_argument("--json", action="store_true", help="as for run")
     add_runs_dir(s)
     s.set_defaults(fn=cmd_resume)

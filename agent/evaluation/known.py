@@ -33,3 +33,6 @@ class KnownFirst:
 
     def retime(self, jobs: Sequence[PoolJob], progress: Optional[ProgressSink] = None) -> list[EvalResult]:
         return self.pool.retime(jobs, progress)
+
+    def close(self) -> None:
+        self.pool.close()

@@ -81,9 +81,10 @@ class LocalPool:
     def planned_isolation(self):
         return self.evaluator.planned_isolation
 
-    def evaluate(self, jobs: Sequence[PoolJob], progress: Optional[ProgressSink] = None
-                 ) -> Iterator[tuple[PoolJob, EvalResult]]:
-        stop = threading.Event()
+    def evaluate(self, jobs: Sequence[PoolJob], progress: Optional[ProgressSink] = None,
+                 stop: Optional[threading.Event] = None) -> Iterator[tuple[PoolJob, EvalResult]]:
+        """stop: set by another thread (a cluster actor's caller gave up) ends the evaluations as a close does."""
+        stop = stop or threading.Event()
         sink = _serialised(progress)
         futures = {self._executor.submit(self._one, job, None, stop, sink): job for job in jobs}
         try:
@@ -97,12 +98,13 @@ class LocalPool:
             for f in futures:
                 f.cancel()
 
-    def retime(self, jobs: Sequence[PoolJob], progress: Optional[ProgressSink] = None) -> list[EvalResult]:
+    def retime(self, jobs: Sequence[PoolJob], progress: Optional[ProgressSink] = None,
+               stop: Optional[threading.Event] = None) -> list[EvalResult]:
         """All on lane 0, held for the whole batch; compiled at once, timed back to back in order."""
         lane = self.lane_list[0]
         base = self._baseline(lane)
         wait([base])  # before the lane is held: the baseline job times in it too
-        stop = threading.Event()
+        stop = stop or threading.Event()
         sink = _serialised(progress)
         token = ("retime", object())
         lane.acquire(token)
