@@ -32,6 +32,7 @@ class Attempt:
     result: Optional[EvalResult]
     source: Optional[str] = None
     retime_note: Optional[str] = None  # how the comparison that decided its outcome went
+    hidden_failed: int = 0  # hidden cases that failed: counted for the planner, never described
 
 
 @dataclass
@@ -213,7 +214,7 @@ HOOK_RULES: dict[str, HookRule] = {
 
 def redact(step: Step, source: Optional[str] = None) -> Attempt:
     """A step as the planner may see it: hidden integrity cases reduced to a verdict."""
-    result, error = step.result, step.error
+    result, error, hidden_failed = step.result, step.error, 0
     if result is not None:
         from optagent.schema import CaseKind
 
@@ -228,4 +229,5 @@ def redact(step: Step, source: Optional[str] = None) -> Attempt:
         # the step's error is the result's reason where it failed: it would tell the hidden case too
         error = told if names_hidden(error) else error
         result = result.model_copy(update={"cases": shown, "reason": reason})
-    return Attempt(step.index, step.idea, step.outcome.value, error, result, source, step.retime_note)
+        hidden_failed = len(failed_hidden)
+    return Attempt(step.index, step.idea, step.outcome.value, error, result, source, step.retime_note, hidden_failed)

@@ -13,7 +13,7 @@ from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
 from optagent.evaluation.verdict import candidate_line
 from optagent.llm.feedback import Rules, error_line, failing_groups
 from optagent.protocols import Attempt, PlannerContext
-from optagent.schema import CaseKind, CaseResult, EvalResult, Language, RunConfig, Status
+from optagent.schema import CaseKind, CaseResult, Device, EvalResult, Language, RunConfig, Status
 from optagent.search.planners.llm import LEDGER_MAX, build_messages
 from optagent.task import load_task
 
@@ -120,9 +120,15 @@ def test_every_failing_case_is_shown_and_identical_errors_collapse() -> None:
     groups = failing_groups(result)
     assert len(groups) == 1 and groups[0]["count"] == 7
     prompt = _user(_ctx([Attempt(1, "fp16 acc", "FAILED", result.reason, result, KERNEL + "# changed\n")]))
-    assert "INCORRECT on 7 cases (1, 2, 3, 4, 5, 6, 7), the same error" in prompt
+    # the messages differ in their figures: grouped, but not called "the same error" (each case's figures listed)
+    assert "INCORRECT on 7 cases (1, 2, 3, 4, 5, 6, 7), alike" in prompt and "the same error" not in prompt
     for i in range(1, 8):
         assert f"case {i}: rel_err {0.1 * i:.2e} vs tolerance 5.00e-03" in prompt
+    same = [c.model_copy(update={"reason": "output #3 missing (given inputs)", "rel_err": None}) for c in wrong[:3]]
+    result = _result(Status.INCORRECT, same[0].reason, same)
+    prompt = _user(_ctx([Attempt(1, "fp16 acc", "FAILED", result.reason, result, KERNEL + "# changed\n", None, 2)]))
+    assert "INCORRECT on 3 cases (1, 2, 3), the same error: output #3 missing" in prompt
+    assert "Hidden cases (other shapes, not shown) failed too: 2 of them." in prompt
 
 
 def test_the_judges_tolerance_and_the_accept_rule_are_always_stated() -> None:
@@ -189,3 +195,20 @@ def test_gpu_facts_in_the_prompt() -> None:
     prompt = _user(ctx)
     assert "NVIDIA H200, 132 SMs, 60 MB L2, measured memory bandwidth 4100 GB/s, 228 KiB shared memory per SM, " \
            "measured bf16 matrix-product rate 720 TFLOP/s" in prompt
+
+
+def test_a_cpu_prompt_states_the_cpu_rule_and_no_interpreter_speedups() -> None:
+    """What a model playing the planner met: the GPU accept rule above the CPU note, interpreter
+    speedups such as 0.003x as the only effect of a passing attempt, the import rule told only after a
+    rejection."""
+    passed = _result(Status.PASSED, None, [_passed("smoke-1", 900000.0)]).model_copy(update={"device": Device.CPU})
+    ctx = _ctx([Attempt(1, "exp2", "PASSED", None, passed, KERNEL + "# exp2\n")])
+    ctx.on_cpu = True
+    system, user = (m["content"] for m in build_messages(ctx, rules=RULES))
+    assert "How a kernel is accepted on this CPU run: on correctness alone" in user
+    assert "more than 1% below the best's" not in user and "0.000x" not in user
+    assert "| 1 | exp2 | PASSED | passed |" in user and "interpreter times, not shown" in user
+    assert "may import only these modules" in system and "triton" in system.split("may import only")[1]
+    assert "the next attempt builds on the newest" in system
+    gpu = _user(_ctx([]))
+    assert "more than 1% below the best's" in gpu and "on this CPU run" not in gpu

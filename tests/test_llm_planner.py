@@ -409,4 +409,4 @@ def test_a_failed_request_is_its_slot_outcome_and_cpu_runs_are_told_times_are_no
     assert isinstance(got[1], LLMError) and not isinstance(got[0], Exception) and not isinstance(got[2], Exception)
     assert all("its times are not GPU times" in text for text in llm.prompts)
     system = build_messages(round_ctxs(on_cpu=True)[0])[0]["content"]
-    assert "whose times are not GPU times" in system and "never replaces the best on a timing" in system
+    assert "whose times are not GPU times" in system and "none replaces the best on a timing" in system

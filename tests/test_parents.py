@@ -51,5 +51,9 @@ def test_more_slots_than_nodes_repeat_parents_by_weight():
 
 def test_on_the_cpu_times_rank_nothing():
     fast_new = [Node(0, 100.0), Node(3, 1.0), Node(5, 500.0)]
-    assert [n.step for n in ranked(fast_new, 0, cpu=True)] == [0, 5, 3]  # newest first, whatever the times
+    assert [n.step for n in ranked(fast_new, 0, cpu=True)] == [5, 3, 0]  # newest first, whatever the times
     assert [n.step for n in ranked(fast_new, 0, cpu=False)] == [0, 3, 5]
+    # a line of work goes on from its newest correct kernel, while the best stays the first that passed
+    assert choose_parents(fast_new, 0, 1, "run", 3, cpu=True) == [5]
+    assert choose_parents(fast_new, 0, 1, "run", 3, cpu=False) == [0]
+    assert choose_parents([], 0, 1, "run", 0, cpu=True) == [0]  # nothing passed yet: the starter

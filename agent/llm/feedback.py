@@ -16,7 +16,7 @@ from optagent.protocols import Attempt
 from optagent.schema import EvalResult, Status, StepOutcome
 
 WINDOW = 4  # source lines shown either side of the line an error names
-DIFF_MAX_LINES = 60
+DIFF_MAX_LINES = 120  # a whole-file rewrite's bug line must fit (a model met one cut at 60 lines)
 GROUP_CASES_MAX = 12  # case labels listed per group of identical errors
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?", re.IGNORECASE)
 # Triton's CompilationError: "at 12:8:" then up to 12 lines of the jit function, a caret line, the error.
@@ -107,8 +107,10 @@ def failing_groups(result: EvalResult) -> list[dict[str, Any]]:
             continue
         reason = c.reason or ""
         key = (c.status.value, _NUMBER.sub("#", reason))
-        g = groups.setdefault(key, {"status": c.status.value, "reason": reason, "cases": [], "errors": []})
+        g = groups.setdefault(key, {"status": c.status.value, "reason": reason, "cases": [], "errors": [],
+                                    "identical": True})
         g["cases"].append(c.case)
+        g["identical"] = g["identical"] and reason == g["reason"]
         if c.rel_err is not None and c.status is Status.INCORRECT:
             tol = "-" if c.tolerance is None else f"{c.tolerance:.2e}"
             g["errors"].append(f"case {c.case}: rel_err {c.rel_err:.2e} vs tolerance {tol}")
@@ -122,8 +124,9 @@ def failing_groups(result: EvalResult) -> list[dict[str, Any]]:
 
 
 def parent_source(attempts: list[Attempt], index: int, fallback: Optional[str] = None) -> Optional[str]:
-    """The kernel step ``index`` was made from: the best before it (the latest kept step before it)."""
-    kept = (StepOutcome.ACCEPTED.value, StepOutcome.BASELINE.value)
+    """The kernel step ``index`` was made from: the latest kept step before it (the best; on the CPU,
+    where every passing kernel is kept and the next attempt builds on the newest, the newest)."""
+    kept = (StepOutcome.ACCEPTED.value, StepOutcome.BASELINE.value, StepOutcome.PASSED.value)
     before = [a for a in attempts if a.index < index and a.outcome in kept and a.source]
     return before[-1].source if before else fallback
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Union
 
+from optagent.evaluation.checks import ALLOWED_IMPORTS
 from optagent.llm import feedback as fb
 from optagent.llm.feedback import Rules
 from optagent.llm.edits import EditError, kernel_from_reply
@@ -18,7 +19,7 @@ from optagent.llm.profile_view import profile_rows
 from optagent.llm.prompts import render
 from optagent.search.planners.memory_view import memory_view
 from optagent.protocols import LLM, Attempt, PlannerContext
-from optagent.schema import EvalResult, PlannerKind, Proposal, StepOutcome, Usage
+from optagent.schema import EvalResult, Language, PlannerKind, Proposal, StepOutcome, Usage
 
 RECENT_ATTEMPTS = 5  # attempts shown in detail; older ones only in the ledger
 LEDGER_MAX = 60
@@ -65,7 +66,8 @@ def _case_rows(result: EvalResult) -> list[dict[str, str]]:
     ]
 
 
-def _result_view(result: Optional[EvalResult], source: Optional[str] = None) -> Optional[dict[str, Any]]:
+def _result_view(result: Optional[EvalResult], source: Optional[str] = None,
+                 hidden_failed: int = 0) -> Optional[dict[str, Any]]:
     if result is None:
         return None
     log_tail = trim(result.log_tail, _LOG_LINES) if result.log_tail else ""
@@ -82,14 +84,15 @@ def _result_view(result: Optional[EvalResult], source: Optional[str] = None) -> 
         "kernels": fb.kernel_lines(result),
         "profile": profile_rows(result),
         "error_at": fb.error_at(result, source),
+        "hidden_failed": hidden_failed,
     }
 
 
 def _effect(a: Attempt) -> str:
     if a.result is None:
         return "no kernel" if a.outcome == StepOutcome.NO_KERNEL.value else (a.error or "-").split("\n")[0][:80]
-    if a.result.status.ok:
-        return f"{_num(a.result.geomean_speedup, '.3f')}x geomean"
+    if a.result.status.ok:  # an interpreter's speedup would read as a result: on the CPU none is shown
+        return "passed" if a.result.on_cpu else f"{_num(a.result.geomean_speedup, '.3f')}x geomean"
     return a.result.status.value
 
 
@@ -99,7 +102,7 @@ def _attempt_view(a: Attempt, attempts: list[Attempt], starter: str) -> dict[str
     failed = a.result is not None and not a.result.status.ok
     parent = fb.parent_source(attempts, a.index, starter) if failed else None
     return {"index": a.index, "idea": a.idea, "outcome": a.outcome, "error": error,
-            "effect": _effect(a), "result": _result_view(a.result, a.source),
+            "effect": _effect(a), "result": _result_view(a.result, a.source, a.hidden_failed),
             "diff": fb.diff(parent, a.source) if failed else "", "retime_note": a.retime_note or ""}
 
 
@@ -159,6 +162,8 @@ def prompt_vars(ctx: PlannerContext, feedback: str = "", whole_file: bool = Fals
         "memory": memory_view(ctx.memory),
         "tree": _tree_view(ctx),
         "on_cpu": on_cpu(ctx),
+        # the static scan's rule, told before a rejection costs a step (a model met it only after one)
+        "allowed_imports": sorted(ALLOWED_IMPORTS - {"__future__"}) if ctx.language is not Language.CUDA else [],
     }
 
 
