@@ -432,7 +432,7 @@ for path in sys.argv[2:]:
     with watch_host_compute(args, [3]) as watch:
         module.run_kernel(*args)
     found[os.path.basename(path)] = watch.reason
-print(json.dumps(found))
+print(json.dumps({"found": found, "dynamo": "torch._dynamo" in sys.modules}))
 """
 
 
@@ -443,7 +443,11 @@ def test_watch_host_compute_tells_pytorch_from_a_kernel():
     out = subprocess.run([sys.executable, "-c", WATCH_SCRIPT, str(ROOT / "tasks/flashattn_task_package"),
                           *map(str, honest + cheats)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    found = json.loads(out.stdout.strip().splitlines()[-1])
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    found = got["found"]
+    # the watch's dispatch mode is not wrapped in dynamo.disable: importing torch._dynamo cost
+    # every candidate process seconds
+    assert not got["dynamo"]
     for p in honest:
         assert found[p.name] is None, (p.name, found[p.name])
     for p in cheats:

@@ -109,7 +109,8 @@ def test_step_mode_drives_a_run(tmp_path):
     fast, wrong = tmp_path / "fast.py", tmp_path / "wrong.py"
     fast.write_text(FAST)
     wrong.write_text(WRONG)
-    started = _oa(tmp_path, "run", str(pkg), "--device", "cpu", "--planner", "external", "--json")
+    # --max-steps 3: the offline planner that takes the run over below has one step left
+    started = _oa(tmp_path, "run", str(pkg), "--device", "cpu", "--planner", "external", "--max-steps", "3", "--json")
     assert started.returncode == 0, started.stderr
     run_id = json.loads(started.stdout)["run_id"]
     assert json.loads(started.stdout)["state"]["status"] == "WAITING"
@@ -130,6 +131,7 @@ def test_step_mode_drives_a_run(tmp_path):
     assert handed.returncode == 0, handed.stderr
     cfg = json.loads((tmp_path / "runs" / run_id / "config.json").read_text())
     assert cfg["planner"] == "offline"
+    assert len(list((tmp_path / "runs" / run_id / "steps").glob("*/step.json"))) == 4  # its one step, taken
     refused = _oa(tmp_path, "propose", run_id, str(fast))
     assert refused.returncode == 2 and "driven by the offline planner" in refused.stderr
 

@@ -18,6 +18,7 @@ from optagent.search.loop import Limits, Loop
 from optagent.search.store import RunStore, new_run_id
 from optagent.task import load_task
 from test_loop import ScriptedEvaluator  # noqa: E402  (tests/ is on sys.path under pytest)
+from tiny_package import FAST, tiny_package
 
 # Round 1 (steps 1-3, all from the starter): a and c gain less than CLEAR_GAIN, so both are re-timed with the
 # starter once, and c, faster re-timed, wins; b fails. Round 2 (from c and two others): d gains 37% outright
@@ -244,16 +245,23 @@ def test_lineage_of_the_best_in_show_report_and_leaderboard(tmp_path, task_dir, 
     assert json.loads(capsys.readouterr().out)[0]["lineage"] == [0, 3, 4, 7]
 
 
-def test_kill_9_mid_round_then_resume_evaluates_only_the_unfinished(tmp_path, task_dir):
-    """The real CLI on the CPU: a round of 3 (the replay's 3 replies), killed once 2 of its 3 steps are committed."""
+def test_kill_9_mid_round_then_resume_evaluates_only_the_unfinished(tmp_path):
+    """The real CLI on the CPU: a round of 3 replies (one an edit that does not apply), killed once 2 of its
+    3 steps are committed. On the tiny package (seconds per evaluation)."""
     import os
     import signal
     import subprocess
     import sys
     import time
 
-    replay = Path(__file__).resolve().parent / "fixtures" / "replay_decode.jsonl"
-    env = {**os.environ, "OPTAGENT_RUNS_DIR": str(tmp_path)}
+    task_dir = tiny_package(tmp_path / "pkg")
+    runs, replay = tmp_path / "runs", tmp_path / "replay.jsonl"
+    kernel = "IDEA: {idea}\n\n```python\n{code}```\n"
+    replay.write_text("".join(json.dumps({"reply": r}) + "\n" for r in (
+        kernel.format(idea="one program per 4096 elements", code=FAST),
+        "IDEA: one program per 64 elements\n\n<<<<<<< SEARCH\nBLOCK=64)\n=======\nBLOCK=128)\n>>>>>>> REPLACE\n",
+        kernel.format(idea="one program per 1024 elements", code=FAST.replace("BLOCK = 4096", "BLOCK = 1024")))))
+    env = {**os.environ, "OPTAGENT_RUNS_DIR": str(runs)}
     env.pop("OPTAGENT_BASE_URL", None)
     cli = [sys.executable, "-m", "optagent.cli.main"]
     proc = subprocess.Popen(cli + ["run", str(task_dir), "--planner", "replay", "--replay", str(replay), "--no-hidden",
@@ -262,12 +270,12 @@ def test_kill_9_mid_round_then_resume_evaluates_only_the_unfinished(tmp_path, ta
     deadline = time.monotonic() + 400
     committed: list[Path] = []
     while time.monotonic() < deadline and len(committed) < 2 and proc.poll() is None:
-        committed = [p for p in tmp_path.glob("*/steps/000[123]/step.json")]
+        committed = [p for p in runs.glob("*/steps/000[123]/step.json")]
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert len(committed) == 2, "the round never had 2 committed steps"
-    (run,) = [p for p in tmp_path.iterdir() if (p / "config.json").exists()]
+    (run,) = [p for p in runs.iterdir() if (p / "config.json").exists()]
     store = RunStore(run)
     # the pool evaluates the round's steps at once: any 2 of the 3 may be the committed ones
     done = sorted(s.index for s in store.steps())

@@ -228,6 +228,13 @@ def watch_host_compute(args: list, outputs: list[int]):
         tainted = {a.untyped_storage().data_ptr() for a in floats if a.numel() * 8 >= top}
         reason: Optional[str] = None
 
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            # Else PyTorch wraps __torch_dispatch__ in dynamo.disable, whose first call imports
+            # torch._dynamo: 2.5-5 s of every candidate process. Nothing in it is compiled (the
+            # scan refuses torch.compile and torch._dynamo), so there is nothing to keep out.
+            return False
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             if any(p in self.tainted for p in storages((args, kwargs))):
