@@ -134,9 +134,12 @@ def _drive(store: RunStore, task: TaskPackage, proposals: list[Proposal], progre
 
 
 def _feedback(store: RunStore, state, new: list[Step], loop) -> Feedback:
+    from optagent.cli.build import prompt_rules
     from optagent.search.planners.llm import build_messages
 
-    prompt = build_messages(loop.next_context())[1]["content"]
+    # the rules the LLM planner states (the judge's tolerance, the accept rule): without them the agent's
+    # prompt told neither (seen on the H200)
+    prompt = build_messages(loop.next_context(), rules=prompt_rules(store.config, loop.task))[1]["content"]
     return Feedback(run_id=store.config.run_id, status=state.status, reason=state.reason, best_step=state.best_step,
                     best_geomean_speedup=state.best_geomean_speedup,
                     best_changed=any(s.outcome in (StepOutcome.ACCEPTED, StepOutcome.BASELINE) for s in new),
