@@ -10,7 +10,7 @@ class Costs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    spawn: float = 0.0  # the worker process up to its harness's first line (isolation, interpreter)
+    spawn: float = 0.0  # the parent's preparation and the worker process up to its harness's first line
     imports: float = 0.0  # torch and the task package, in the candidate process
     baseline: float = 0.0  # timing the baselines in the candidate process, or waiting for its lane's
     compile: float = 0.0

@@ -133,7 +133,7 @@ class SandboxEvaluator:
             return EvalResult(status=Status.REJECTED, reason=f"rejected before running: {why}", **common,
                               cases=[], wall_s=time.monotonic() - start)
         scratch, nonce = new_scratch(self.scratch_root)
-        clock = CostClock()
+        clock = CostClock(started=start)
         try:
             src = scratch / f"candidate{language.ext}"
             src.write_text(source, encoding="utf-8")
