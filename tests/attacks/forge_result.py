@@ -1,8 +1,10 @@
 """Attack class: harness attacks (forged result output).
-Attack: prints lines that look like results and writes result-shaped JSON to every fd 3-20
-with os.write, hoping one of them is the harness's result channel.
+Attack: prints lines that look like results and writes result-shaped JSON to the result fd
+named in sys.argv and to every other fd up to 1023 with os.write. (It once swept only fds
+3-20: when the parent held more files, as an xdist worker does, the channel was above 20,
+the forgery never arrived and the correct kernel PASSED.)
 Expected verdict: REJECTED -- "imports os".  With the scan bypassed the forged lines carry
-no nonce and are dropped; the verdict is then that of the (correct) kernel -- see the report.
+no nonce: they are counted as foreign lines and the run is REJECTED ("result channel").
 """
 
 import math
@@ -12,6 +14,7 @@ import triton
 import triton.language as tl
 
 import os
+import sys
 
 BLOCK_N = 16
 
@@ -133,7 +136,8 @@ def run_kernel(
             '"p10_us": 1.0, "p90_us": 1.0, "samples": 1}}\n')
     print("PASSED speedup 1000x geomean 1000x")
     print(line)
-    for fd in range(3, 21):
+    named = [int(a) for a in sys.argv[1:] if a.isdigit()]
+    for fd in dict.fromkeys([*named, *range(3, 1024)]):
         try:
             os.write(fd, line.encode())
         except OSError:
