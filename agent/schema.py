@@ -48,6 +48,9 @@ class Timing(Record):
     # whether too many were, so that all calls count and the host's speed is in the figure
     slow_host_calls: int = Field(0, ge=0)
     host_slow: bool = False
+    # the native timer's median of the interval between two timed calls that the harness's own
+    # work fills (outputs kept and poisoned, inputs redrawn); None where none ran or no native timer
+    after_us: Optional[float] = Field(None, ge=0)
 
     @property
     def spread(self) -> float:

@@ -105,7 +105,7 @@ STATIC = {
     # the native timer's attacks (scan bypassed: TIMER below)
     "rebind_bench_globals": r"torch\.sys", "forge_case_ran": r"torch\.sys", "call_native_timer": r"torch\.sys",
     "replace_timer_eager": r"torch\.sys", "report_pipe_garbage": r"imports os",
-    "mutate_input_unchecked": r"torch\.sys",
+    "mutate_input_unchecked": r"torch\.sys", "after_work_answer": r"torch\.sys",
     # CUDA: rejected from the source, before nvcc runs
     "cuda_system": r"runs other programs", "cuda_fopen": r"opens files", "cuda_getenv": r"reads the environment",
     "cuda_side_stream": r"side stream", "cuda_token_paste": r"token pasting", "cuda_line_splice": r"runs other programs",
@@ -287,6 +287,7 @@ TIMER = {
     "call_native_timer": (Status.REJECTED, r"an extra eager timing record"),
     "replace_timer_eager": (Status.REJECTED, r"no eager timing record from the harness's timer"),
     "report_pipe_garbage": (Status.REJECTED, r"report pipe carried \d+ line\(s\) not written by the harness's timer"),
+    "after_work_answer": (Status.REJECTED, r"passed between its timed calls \(eager loop\).*moved out of the timed window"),
 }
 
 
@@ -517,6 +518,19 @@ def test_gpu_time_below_the_physical_floor_is_rejected(task):
     and the times it produced end below the floor; either names the trick."""
     result = gpu_run(task, "patch_bench_clock", [LARGE_CASE], scan=False)
     expect(result, Status.REJECTED, r"below the physical floor|patched the harness's timers \(optagent\.worker\.bench")
+
+
+@pytest.mark.gpu
+def test_gpu_work_moved_between_the_timed_calls_is_caught(task):
+    """after_work_answer with the scan bypassed: the kernel runs in the rebound redraw, between timed
+    calls. On decode the redraw costs more than the kernel, so the after-interval bound may not see
+    it; the timed calls that do nothing then end below the floor. Either names the trick."""
+    result = gpu_run(task, "after_work_answer", [LARGE_CASE], scan=False)
+    expect(result, Status.REJECTED, r"moved out of the timed window|below the physical floor")
+    honest = gpu_run(task, "rebind_bench_globals", [LARGE_CASE], scan=False)  # the starter's kernel, honest times
+    assert honest.status is Status.PASSED, honest.reason
+    for c in honest.timed:  # the harness's own after-work, as the timer saw it in both loops
+        print(f"after-work case {c.case}: candidate {c.time.after_us:.0f} us, baseline {c.baseline.after_us:.0f} us")
 
 
 @pytest.mark.gpu

@@ -28,25 +28,25 @@ class Pipe:
         self.lines.append((at, secret.hex().encode() + b" " + json.dumps({"seq": self.seq, **body}).encode()))
 
     def loop(self, case: str, kind: str, t0: float, t1: float, loop_s: float, median: float = 50.0,
-             host_slow: bool = False, check=((1, 0, None), (2, 1, 77)), n_keep=None) -> None:
+             host_slow: bool = False, check=((1, 0, None), (2, 1, 77)), n_keep=None, after: float = 400.0) -> None:
         self.add(t0, {"type": "start", "case": case, "kind": kind})
         self.add(t1, {"type": "end", "case": case, "kind": kind, "median_us": median, "p10_us": median,
                       "p90_us": median, "samples": 20, "calls": 20, "host_slow": host_slow, "slow_host_calls": 0,
-                      "loop_s": loop_s, "n_keep": len(check) if n_keep is None else n_keep,
+                      "loop_s": loop_s, "after_us": after, "n_keep": len(check) if n_keep is None else n_keep,
                       "check": [list(c) for c in check] if kind != "baseline" else []})
 
-    def check(self, baselines=("1",), ran=("1",), gpu=False):
+    def check(self, baselines=("1",), ran=("1",), gpu=False, job=JOB):
         records, foreign = parse_reports(self.lines, SECRET)
-        return check_records(JOB, records, foreign, [Baseline(case=c, timing=T, sizes="") for c in baselines],
+        return check_records(job, records, foreign, [Baseline(case=c, timing=T, sizes="") for c in baselines],
                              [CaseRan(case=c, samples=[], load_ms=1.0, timing=T, gpu=T if gpu else None) for c in ran])
 
 
-def honest(gpu: bool = False) -> Pipe:
+def honest(gpu: bool = False, eager_after: float = 430.0, gpu_after: float = 380.0) -> Pipe:
     p = Pipe()
-    p.loop("1", "baseline", 0.0, 0.5, 0.49, median=100.0, check=())
-    p.loop("1", "eager", 1.0, 1.4, 0.39, median=50.0)
+    p.loop("1", "baseline", 0.0, 0.5, 0.49, median=100.0, check=(), after=400.0)
+    p.loop("1", "eager", 1.0, 1.4, 0.39, median=50.0, after=eager_after)
     if gpu:
-        p.loop("1", "gpu", 2.0, 2.3, 0.3, median=20.0, check=((9, 2, 5),))
+        p.loop("1", "gpu", 2.0, 2.3, 0.3, median=20.0, check=((9, 2, 5),), after=gpu_after)
     return p
 
 
@@ -117,3 +117,44 @@ def test_the_timers_figures_replace_the_candidates_claims():
                          time=Timing(median_us=0.001, p10_us=0.001, p90_us=0.001, samples=3), baseline_us=1e6)
     (row,) = with_timings([claimed], got.timings)
     assert (row.time_us, row.baseline_us, row.speedup) == (50.0, 100.0, 2.0)
+
+
+def test_work_moved_between_the_timed_calls_is_rejected_in_either_loop():
+    """The baseline's loop spent 400 us a call on the harness's after-work; the slack on CUDA is as much again."""
+    assert honest(gpu=True, eager_after=790.0).check(gpu=True).moved is None
+    for eager, gpu, kind in ((900.0, 380.0, "eager"), (400.0, 1500.0, "gpu")):
+        why = honest(gpu=True, eager_after=eager, gpu_after=gpu).check(gpu=True).moved
+        assert why and f"({kind} loop)" in why and "moved out of the timed window" in why, why
+    timings = honest().check().timings
+    assert timings[("1", LoopKind.EAGER)].after_us == 430.0  # told in the result, beside the time
+
+
+def test_the_moved_work_reference_is_the_lane_baseline_jobs_when_the_pool_timed_it():
+    """A pool's candidate job times no baseline: the reference is the baseline job's checked figure."""
+    pooled = JOB.model_copy(update={"time_baseline": False})
+    p = Pipe()
+    p.loop("1", "eager", 1.0, 1.4, 0.39, median=50.0, after=2000.0)
+    records, foreign = parse_reports(p.lines, SECRET)
+    ran = [CaseRan(case="1", samples=[], load_ms=1.0, timing=T)]
+    for base_after, bad in ((1900.0, False), (400.0, True), (None, False)):  # None: an older baseline job's
+        base = [Baseline(case="1", timing=T.model_copy(update={"after_us": base_after}), sizes="")]
+        why = check_records(pooled, records, foreign, base, ran).moved
+        assert bool(why) is bad, why
+
+
+def test_cpu_allows_the_interpreters_noise_but_not_a_kernels_worth():
+    cpu = JOB.model_copy(update={"device": Device.CPU})
+    assert honest(eager_after=15_000.0).check(job=cpu).moved is None  # 14.6 ms over a 0.4 ms reference
+    assert "moved out" in (honest(eager_after=40_000.0).check(job=cpu).moved or "")
+
+
+def test_an_interval_shorter_than_the_timed_calls_themselves_is_not_moved_work():
+    """A loaded host slows the harness's small operations; an honest kernel's calls still take longer."""
+    p = Pipe()
+    p.loop("1", "baseline", 0.0, 0.5, 0.49, median=100.0, check=(), after=400.0)
+    p.loop("1", "eager", 1.0, 1.4, 0.39, median=5000.0, after=4000.0)
+    assert p.check().moved is None
+    p = Pipe()
+    p.loop("1", "baseline", 0.0, 0.5, 0.49, median=100.0, check=(), after=400.0)
+    p.loop("1", "eager", 1.0, 1.4, 0.39, median=3000.0, after=4000.0)
+    assert "moved out" in (p.check().moved or "")

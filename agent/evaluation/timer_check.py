@@ -5,7 +5,8 @@ pipe must be a record of the timer's, under the parent's secret; each loop is a 
 its end; a case has at most the loops the harness makes (a baseline, an eager timing and
 one more of each after a slow host, one GPU timing); each loop's duration by the timer's
 clock must agree with the parent's own wall clock between the two records' arrivals; and
-every call the timer chose for checking becomes a sample the judge must find.
+every call the timer chose for checking becomes a sample the judge must find; and the time
+between a candidate's timed calls is no longer than the harness's own work there takes.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from optagent.messages import Baseline, CaseRan, ExpectedSample, Job
-from optagent.schema import CaseKind, CaseResult, Status, Timing
+from optagent.schema import CaseKind, CaseResult, Device, Status, Timing
 from optagent.timer_records import LoopKind, Stamped, TimerEnd, TimerStart, set_seed, timed_name
 
 # The timer's loop may not be shorter than this share of the parent's interval between its
@@ -24,6 +25,21 @@ from optagent.timer_records import LoopKind, Stamped, TimerEnd, TimerStart, set_
 WALL_SHARE = 0.8
 WALL_SLACK_S = 0.5
 MAX_LOOPS = {LoopKind.BASELINE: 2, LoopKind.EAGER: 2, LoopKind.GPU: 1}
+# Between two timed calls the harness keeps, poisons and redraws the same tensors in a
+# candidate's loops as in the baseline's (worker/after_work.py), so the native timer's interval
+# for that work is about the same in both. A candidate's interval longer by more than this share
+# of the baseline's, and this many microseconds, is work moved out of the timed window into
+# harness code it rebound (it shares the interpreter), not noise; a loop run on a slow host gets
+# twice the share. The bound is loose: a redraw writes every input several times, so for a
+# memory-bound kernel the after-work costs more than the kernel, and moving part of a kernel
+# there stays under it (the floor check is the line for those). What it stops is a kernel moved
+# out whole where its work exceeds the redraw's (compute-bound kernels, and any under the CPU
+# interpreter). The excess must also exceed the timed call's own median: a kernel moved out
+# leaves timed calls that do next to nothing, while an honest one's calls are where its time
+# goes, whatever the host's load does to the harness's small tensor operations. CPU: honest
+# Triton starters measured 0.5-2.2x the baseline's interval alone, and 10x (47 ms) on a loaded
+# host, under interpreted calls of 140 ms and more.
+AFTER_SLACK = {Device.CUDA: (1.0, 200.0), Device.CPU: (3.0, 20_000.0)}
 
 
 @dataclass
@@ -31,6 +47,8 @@ class Checked:
     """What the records say per case, or why they cannot be trusted."""
 
     reason: Optional[str] = None
+    # work moved out of the timed window: a rejection, but after the judge, whose INCORRECT says more
+    moved: Optional[str] = None
     timings: dict[tuple[str, LoopKind], Timing] = field(default_factory=dict)
     expected: dict[str, list[ExpectedSample]] = field(default_factory=dict)
 
@@ -90,7 +108,7 @@ def check_records(job: Job, records: list[Stamped], foreign: int, baselines: lis
     for key, ends in per.items():
         best = min(ends, key=lambda e: (e.host_slow, e.median_us))
         out.timings[key] = Timing(**best.model_dump(include={"median_us", "p10_us", "p90_us", "samples",
-                                                             "slow_host_calls", "host_slow"}))
+                                                             "slow_host_calls", "host_slow", "after_us"}))
     # a pool's candidate job takes no baselines: its lane's baseline job did, checked alike (evaluator.py)
     wanted = [(m.case, LoopKind.BASELINE) for m in baselines] if job.time_baseline else []
     wanted += [(m.case, LoopKind.EAGER) for m in ran if m.case in timed]
@@ -100,7 +118,27 @@ def check_records(job: Job, records: list[Stamped], foreign: int, baselines: lis
         case, kind = missing[0]
         return Checked(f"case {case}: no {kind.value} timing record from the harness's timer (the timing was "
                        "not taken by it)")
+    # the reference: this process's baseline loops (before any candidate code), else the lane's baseline job's
+    ref = ({c: t.after_us for (c, k), t in out.timings.items() if k is LoopKind.BASELINE} if job.time_baseline
+           else {m.case: m.timing.after_us for m in baselines})
+    out.moved = moved_work(out.timings, ref, job.device)
     return out
+
+
+def moved_work(timings: dict[tuple[str, LoopKind], Timing], ref: dict[str, Optional[float]],
+               device: Device) -> Optional[str]:
+    """Why a timed loop's time between calls says work was moved out of its timed window, or None."""
+    share, floor_us = AFTER_SLACK[device]
+    for (case, kind), t in sorted(timings.items(), key=lambda kv: (kv[0][0], kv[0][1].value)):
+        base = ref.get(case)
+        if kind is LoopKind.BASELINE or not base or t.after_us is None:
+            continue
+        allowed = base + max(share * (2 if t.host_slow else 1) * base, floor_us)
+        if t.after_us > allowed and t.after_us - base > t.median_us:
+            return (f"case {case}: {t.after_us:.0f} us passed between its timed calls ({kind.value} loop), against "
+                    f"{base:.0f} us of the harness's own work there in the baseline's loop: work moved out of the "
+                    "timed window")
+    return None
 
 
 def with_timings(cases: list[CaseResult], timings: dict[tuple[str, LoopKind], Timing]) -> list[CaseResult]:

@@ -144,6 +144,8 @@ def assemble(job: Job, run: WorkerRun, judge: JudgeRunner, *, source_sha256: str
         status, reason = Status.REJECTED, timer.reason
     elif integrity:
         status, reason = Status.REJECTED, integrity.reason
+    elif timer.moved and status is Status.PASSED:
+        status, reason = Status.REJECTED, timer.moved
     elif run.limit:
         status, reason = Status.RUNTIME_ERROR, run.limit
     elif run.first(Done) is None and status is Status.PASSED:

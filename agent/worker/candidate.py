@@ -22,7 +22,8 @@ import torch
 from optagent.worker import bench, compiler_facts
 from optagent.worker.backends import CompileError, Refused, Unsupported, backend_for
 from optagent.worker.guard import lock_imports, watch_host_compute
-from optagent.worker.harness import TaskRuntime, checksum, float_scales, poison, refresh_floats, run_baseline, same_bits
+from optagent.worker.after_work import AfterWork, out_bytes
+from optagent.worker.harness import TaskRuntime, checksum, poison, run_baseline, same_bits
 from optagent.worker.lane import STARTED, lane
 from optagent.messages import (Baseline, CaseFailed, CaseRan, CaseSpec, CaseStart, Channel, Compiled, Done, Hello,
                                Integrity, Job, Phase, PhaseStarted, Sample)
@@ -144,9 +145,14 @@ class Candidate:
         for case in (c for c in self.job.cases if c.kind is not CaseKind.HIDDEN):
             self.chan.send(PhaseStarted(phase=Phase.BASELINE, case=case.label))
             sets = [rt.make_args(case, set_seed(self.job, k))[0] for k in range(t.input_sets)]
-            timing = self.timer.eager(case.label, LoopKind.BASELINE, baseline, sets)
+            sizes = rt.describe(sets[0])
+            # the candidate's after-work, here too: its interval is the reference for the candidate's
+            work = AfterWork(sets, rt.outputs(sets[0]))
+            work.poison_all()
+            timing = self.timer.eager(case.label, LoopKind.BASELINE, baseline, sets, work)
             timing.pop("check")
-            self.chan.send(Baseline(case=case.label, timing=timing, sizes=rt.describe(sets[0])))
+            work.clear()
+            self.chan.send(Baseline(case=case.label, timing=timing, sizes=sizes))
             del sets
         self.sync()
 
@@ -194,48 +200,25 @@ class Candidate:
     def _timed(self, case: CaseSpec, fn, backend) -> tuple[list[Sample], dict]:
         rt, job = self.rt, self.job
         sets = [rt.make_args(case, set_seed(job, k))[0] for k in range(job.timing.input_sets)]
-        outs = rt.outputs(sets[0])
-        scales = [float_scales(a, set(outs)) for a in sets]  # of the base inputs, as the judge computes them
-        held: dict[int, dict] = {}  # call -> outputs, of calls the timer may ask for
-        latest: dict[int, tuple[int, dict]] = {}  # set -> (call, outputs) of its latest call
-        out_bytes = sum(sets[0][j].numel() * sets[0][j].element_size() for j in outs)
-        n_keep = min(SAMPLED_CALLS, max(1, SAMPLED_BYTES // max(out_bytes, 1)))
-
-        def after(call: int, k: int, seed: int, keep: bool, drop: int) -> None:
-            # Outside the timed region (the timer calls it): keep this call's output if it may
-            # be checked, then poison the outputs and redraw the inputs so no call reuses an answer.
-            args = sets[k]
-            if call >= 0:
-                out = {j: args[j].detach().clone() for j in outs}  # on the device: cheap; to host when saved
-                latest[k] = (call, out)
-                if keep:
-                    held[call] = out
-                held.pop(drop, None)
-            poison_set(args)
-            refresh_floats(args, seed, scales[k])
-
-        def poison_set(args: list) -> None:
-            for j in outs:
-                poison(args[j])
+        work = AfterWork(sets, rt.outputs(sets[0]))
+        n_keep = min(SAMPLED_CALLS, max(1, SAMPLED_BYTES // max(out_bytes(sets, work.outs), 1)))
 
         def saved(check: list) -> list[Sample]:
             out = []
             for call, k, seed in check:
-                found = held.get(call) if call in held else (latest[k][1] if latest.get(k, (None,))[0] == call else None)
+                found = work.take(call, k)
                 if found is not None:
                     out.append(self._save(case.label, timed_name(call), found, set_seed(job, k), seed))
-            held.clear()
-            latest.clear()
+            work.clear()
             return out
 
-        for args in sets:
-            poison_set(args)
+        work.poison_all()
         samples: list[Sample] = []
-        timing = self.timer.eager(case.label, LoopKind.EAGER, fn, sets, after, n_keep,
+        timing = self.timer.eager(case.label, LoopKind.EAGER, fn, sets, work, n_keep,
                                   on_loop=lambda check: samples.extend(saved(check)))
         samples += saved(timing.pop("check"))  # the Python timer's, told at the end
-        gpu, note = self.timer.gpu(case.label, fn, sets, getattr(backend, "graph_capturable", True), after, n_keep,
-                                   lambda: [poison_set(a) for a in sets])
+        gpu, note = self.timer.gpu(case.label, fn, sets, getattr(backend, "graph_capturable", True), work, n_keep,
+                                   work.poison_all)
         if gpu:
             samples += saved(gpu.pop("check"))
         return samples, {"timing": Timing(**timing), "gpu": Timing(**gpu) if gpu else None, "gpu_note": note}

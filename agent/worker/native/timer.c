@@ -5,7 +5,8 @@
  * (CLOCK_MONOTONIC), the loop, the iteration budget, the host-speed probe, the statistics,
  * the choice of the calls the judge checks (getrandom), and, on CUDA, the device sync,
  * the L2 flush, the events and the persisting-L2 reset are C: Python only supplies the
- * kernel call and the `after` callback that runs between timed calls, outside the window.
+ * kernel call and the `after` callback that runs between timed calls, outside the window
+ * (its interval is timed too, and reported beside the calls' own times).
  * Each record goes straight to the parent's report pipe as one write() <= PIPE_BUF
  * (atomic), prefixed by the secret the parent gave at init, so no Python object ever
  * holds a timing the parent uses. The CUDA driver is looked up with dlopen(RTLD_NOLOAD)
@@ -258,10 +259,10 @@ static int more(long i, double start) {
 }
 
 typedef struct {
-    double *samples, *probes;
+    double *samples, *probes, *afters; /* afters: each timed call's `after`, up to a device sync */
     Call kept[MAX_KEEP], last[MAX_SETS];
     int n_kept;
-    long n, seen;
+    long n, seen, n_after;
     double loop_s;
 } Loop;
 
@@ -292,10 +293,17 @@ static int after_call(Session *self, Loop *L, PyObject *after, int set) {
     if (random_u64(&r) < 0)
         return -1;
     long long seed = (long long)(r & ((1ULL << 40) - 1));
+    /* `after` is Python the candidate can reach (it shares the interpreter): work it moved there
+     * falls outside the timed window, so the interval is timed here, GPU work included, and the
+     * parent compares it with the same after-work in the baseline's loop (timer_check.py). */
+    double a0 = now_s();
     PyObject *res = PyObject_CallFunction(after, "LiLOL", c.call, set, seed, keep ? Py_True : Py_False, drop);
     if (res == NULL)
         return -1;
     Py_DECREF(res);
+    if (sync_device() < 0)
+        return -1;
+    L->afters[L->n_after++] = (now_s() - a0) * 1e6;
     self->seeds[set] = seed;
     return 0;
 }
@@ -334,8 +342,10 @@ static PyObject *finish(Session *self, Loop *L, const char *kind, int host_condi
         PyErr_SetString(PyExc_RuntimeError, "optagent timer: no timed call");
         return NULL;
     }
-    double med, p10, p90;
+    double med, p10, p90, after_med = 0, unused10, unused90;
     stats(L->samples, used, &med, &p10, &p90);
+    if (L->n_after > 0)
+        stats(L->afters, L->n_after, &after_med, &unused10, &unused90);
     Call check[MAX_KEEP + MAX_SETS];
     int nc = 0;
     for (int i = 0; i < L->n_kept; i++)
@@ -351,8 +361,8 @@ static PyObject *finish(Session *self, Loop *L, const char *kind, int host_condi
     size_t at = (size_t)snprintf(json, sizeof json,
         "{\"type\":\"end\",\"seq\":%lld,\"case\":\"%s\",\"kind\":\"%s\",\"median_us\":%.9g,\"p10_us\":%.9g,"
         "\"p90_us\":%.9g,\"samples\":%ld,\"calls\":%ld,\"host_slow\":%s,\"slow_host_calls\":%ld,\"loop_s\":%.9g,"
-        "\"n_keep\":%d,\"check\":[", ++S.seq, self->label, kind, med, p10, p90, used, n, slow ? "true" : "false",
-        n - used, L->loop_s, self->n_keep);
+        "\"after_us\":%.9g,\"n_keep\":%d,\"check\":[", ++S.seq, self->label, kind, med, p10, p90, used, n,
+        slow ? "true" : "false", n - used, L->loop_s, after_med, self->n_keep);
     for (int i = 0; i < nc; i++)
         json_call(json, sizeof json, &at, check[i]);
     at += snprintf(json + at, at < sizeof json ? sizeof json - at : 0, "]}");
@@ -369,9 +379,9 @@ static PyObject *finish(Session *self, Loop *L, const char *kind, int host_condi
         PyObject *seed = check[i].seed == NO_SEED ? Py_NewRef(Py_None) : PyLong_FromLongLong(check[i].seed);
         PyList_SET_ITEM(calls, i, Py_BuildValue("(LiN)", check[i].call, check[i].set, seed));
     }
-    return Py_BuildValue("{s:d,s:d,s:d,s:l,s:O,s:l,s:N}", "median_us", med, "p10_us", p10, "p90_us", p90,
+    return Py_BuildValue("{s:d,s:d,s:d,s:l,s:O,s:l,s:d,s:N}", "median_us", med, "p10_us", p10, "p90_us", p90,
                          "samples", used, "host_slow", slow ? Py_True : Py_False, "slow_host_calls", n - used,
-                         "check", calls);
+                         "after_us", after_med, "check", calls);
 }
 
 static int start_loop(Session *self, Loop *L, const char *kind) {
@@ -386,7 +396,8 @@ static int start_loop(Session *self, Loop *L, const char *kind) {
         return -1;
     L->samples = PyMem_Calloc((size_t)S.max_iters, sizeof(double));
     L->probes = PyMem_Calloc((size_t)S.max_iters, sizeof(double));
-    if (L->samples == NULL || L->probes == NULL) {
+    L->afters = PyMem_Calloc((size_t)S.max_iters, sizeof(double));
+    if (L->samples == NULL || L->probes == NULL || L->afters == NULL) {
         PyErr_NoMemory();
         return -1;
     }
@@ -401,6 +412,7 @@ static int start_loop(Session *self, Loop *L, const char *kind) {
 static void free_loop(Loop *L) {
     PyMem_Free(L->samples);
     PyMem_Free(L->probes);
+    PyMem_Free(L->afters);
 }
 
 /* Session.eager(kind, fn, arg_sets, after): wall time of fn(*set) up to a device-wide sync */

@@ -1,0 +1,61 @@
+"""The harness's work between two timed calls, the same for a candidate's loops and the baseline's.
+
+After every timed call the timer calls ``AfterWork`` (outside the timed window): it keeps that
+call's outputs if the judge may check them, poisons the outputs and redraws the inputs, so no
+call reuses an answer. The native timer times this interval too (GPU work included). The
+baseline's loop runs the same work, before any candidate code exists in the process (or in the
+baseline job), so its interval is the reference the parent holds a candidate's against: a
+candidate that rebinds the harness's helpers to do part of its work here is seen by that
+comparison (evaluation/timer_check.py), not by anything in this file, which it can rewrite.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from optagent.worker.harness import float_scales, poison, refresh_floats
+
+
+class AfterWork:
+    def __init__(self, sets: list[list], outs: list[int]):
+        self.sets, self.outs = sets, outs
+        self.scales = [float_scales(a, set(outs)) for a in sets]  # of the base inputs, as the judge computes them
+        self.held: dict[int, dict] = {}  # call -> outputs, of calls the timer may ask for
+        self.latest: dict[int, tuple[int, dict]] = {}  # set -> (call, outputs) of its latest call
+
+    def __call__(self, call: int, k: int, seed: int, keep: bool, drop: int) -> None:
+        args = self.sets[k]
+        if call >= 0:
+            out = {j: args[j].detach().clone() for j in self.outs}  # on the device: cheap; to host when saved
+            self.latest[k] = (call, out)
+            if keep:
+                self.held[call] = out
+            self.held.pop(drop, None)
+        self.poison_set(args)
+        refresh_floats(args, seed, self.scales[k])
+
+    def poison_set(self, args: list) -> None:
+        for j in self.outs:
+            poison(args[j])
+
+    def poison_all(self) -> None:
+        for args in self.sets:
+            self.poison_set(args)
+
+    def take(self, call: int, k: int) -> Optional[dict]:
+        """The outputs the timer kept for `call` on set k, if the harness still holds them."""
+        if call in self.held:
+            return self.held[call]
+        latest = self.latest.get(k)
+        return latest[1] if latest is not None and latest[0] == call else None
+
+    def clear(self) -> None:
+        self.held.clear()
+        self.latest.clear()
+
+
+def out_bytes(sets: list[list], outs: list[int]) -> int:
+    first = sets[0]
+    return sum(first[j].numel() * first[j].element_size() for j in outs if isinstance(first[j], torch.Tensor))
