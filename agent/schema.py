@@ -152,6 +152,9 @@ class EvalResult(Record):
     isolation: Isolation = Field(default_factory=Isolation)
     costs: Optional[Costs] = None
     timer: TimerKind = TimerKind.PYTHON  # what took the timings (before it was recorded: the Python one)
+    # the pool's lane that timed it (a GPU, or a cluster actor): gains are accepted unchecked only
+    # between timings of one lane (search/accept.py); None: the serial evaluator's single lane
+    timed_on: Optional[str] = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "EvalResult":

@@ -165,6 +165,21 @@ def test_a_replay_run_survives_its_actor_killed_mid_candidate(cluster, pkg, tmp_
     assert not any(name.startswith(killed[0]) for name in ray.util.list_named_actors())  # the pool closed
 
 
+def test_step_mode_on_a_ray_run_evaluates_on_the_cluster(cluster, pkg, tmp_path, capsys):
+    """An outside agent's proposals for a run recorded with --cluster ray go to the lane actors too."""
+    runs = tmp_path / "runs"
+    assert main(["run", str(pkg), "--planner", "external", "--cluster", "ray", "--quiet", "--runs-dir", str(runs)]) == 0
+    store = only_run(runs)
+    kernel = tmp_path / "fast.py"
+    kernel.write_text(FAST.replace("BLOCK = 4096", "BLOCK = 2048"))
+    capsys.readouterr()
+    assert main(["propose", store.path.name, str(kernel), "--idea", "half the block", "--runs-dir", str(runs)]) == 0
+    steps = RunStore(store.path).steps()
+    assert [s.index for s in steps] == [0, 1] and steps[1].result.status is Status.PASSED
+    for s in steps:  # stamped by the Ray pool with the actor that timed it
+        assert s.result.timed_on and " on " in s.result.timed_on and "actor pid" in s.result.timed_on, s.result.timed_on
+
+
 def sick(plan: list[bool], counter: Path):
     """A health check answering from `plan` in order (True: sick), then healthy; by value to the actors."""
     def check(device) -> str | None:

@@ -45,6 +45,7 @@ class Lane:
 
     def __init__(self, index: int, device: Optional[str], holds: Optional[list[Hold]] = None):
         self.index, self.device = index, device
+        self.name = f"lane {index}" + (f" (GPU {device})" if device is not None else "")
         self.holds: list[Hold] = [] if holds is None else holds
         self._cond = threading.Condition()
         self._queue: deque = deque()

@@ -127,9 +127,10 @@ class LocalPool:
             lane, who, base = self.lane_list[index], object(), None
         try:
             future = base if base is not None else self._baseline(lane)
-            return self.evaluator.evaluate_on(
+            result = self.evaluator.evaluate_on(
                 job.source, job.language, stamped(sink, step=job.key), gate=Gate(lane, who, stop),
                 control=Control(lane.device, stop), baselines=lambda: _baselines_of(future))
+            return result.model_copy(update={"timed_on": lane.name})
         finally:
             if fixed is None:
                 with self._lock:

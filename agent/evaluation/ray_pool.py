@@ -268,6 +268,9 @@ class RayPool:
         self._finish(flight, done)
 
     def _finish(self, flight: Flight, done: deque) -> None:
+        slot, info = flight.slot, flight.slot.info  # an actor is one GPU for its life: a replacement is another lane
+        lane = f"lane {slot.index} on {info.node} (actor pid {info.pid})" if info else f"lane {slot.index}"
+        flight.results = [r.model_copy(update={"timed_on": lane}) for r in flight.results]
         flight.slot.busy -= 1
         for job in flight.jobs:
             self.timed_on[job.key] = flight.slot.index

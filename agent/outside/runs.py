@@ -111,6 +111,7 @@ def open_run(scope: Scope, run_id: str) -> tuple[RunStore, TaskPackage]:
 
 def _drive(store: RunStore, task: TaskPackage, proposals: list[Proposal], progress: Optional[ProgressSink]):
     from optagent.cli.build import build_pool, run_evaluator, run_limits, run_memory
+    from optagent.cli.inputs import UserError
     from optagent.search.loop import Loop
     from optagent.search.planners.external import ExternalPlanner
 
@@ -120,13 +121,20 @@ def _drive(store: RunStore, task: TaskPackage, proposals: list[Proposal], progre
         store.lock()
     except RunError as e:
         raise OutsideError(str(e)) from None
+    pool = None
     try:
         limits = run_limits(cfg)
         limits.width = max(1, len(proposals))  # the agent's sources are one round
-        loop = Loop(store, task, ExternalPlanner(proposals), build_pool(run_evaluator(cfg, task)), limits,
-                    progress=progress, memory=run_memory(store))
+        try:  # a run recorded with --cluster ray stays on Ray
+            pool = build_pool(run_evaluator(cfg, task), config=cfg)
+        except UserError as e:  # Ray missing, or the cluster unreachable: the agent is told, in one line
+            raise OutsideError(f"run {cfg.run_id}: {e}") from None
+        loop = Loop(store, task, ExternalPlanner(proposals), pool, limits, progress=progress,
+                    memory=run_memory(store))
         state = loop.run()
     finally:
+        if pool is not None:
+            pool.close()
         store.unlock()
     steps = loop.trajectory.steps
     new = [s for s in steps if s.index not in before]

@@ -6,7 +6,9 @@ On arrival (``first_look``) a passing candidate's outcome is final unless it may
   kernel that passed, and no timing ever replaces it;
 - not faster than the incumbent's recorded timing by more than min_gain: NOT_BETTER;
 - else PENDING, decided once the round is in (``decide``): when some candidates gain more than
-  max(CLEAR_GAIN, 3 x noise), which timing noise cannot do, the largest gain among those wins unchecked.
+  max(CLEAR_GAIN, 3 x noise), which timing noise cannot do, on the lane that timed the incumbent, the
+  largest gain among those wins unchecked. A gain between timings of two lanes (two GPUs, or two
+  cluster actors, perhaps on two nodes) is never taken unchecked: it is re-timed.
   Otherwise the PENDING ones are re-timed together with the incumbent, back to back on one lane
   (one Pool.retime a round), and those still faster by more than max(min_gain, noise) clear the rule; the
   largest gain wins. The incumbent, when it stays, keeps its fresh timing.
@@ -66,8 +68,10 @@ def decide(incumbent: tuple[int, str, EvalResult], pending: Sequence[tuple[int, 
     """The round's comparison (the module's second rule); ``retime`` is called at most once."""
     inc_step, inc_source, inc_result = incumbent
     gains = {i: gain(inc_result, r) or 0.0 for i, _, r in pending}
-    clear = {i: gains[i] for i, _, r in pending
-             if gains[i] > max(CLEAR_GAIN, 3 * max(noise(inc_result), noise(r)))}
+    clear = {i: gains[i] for i, _, r in pending if r.timed_on == inc_result.timed_on
+             and gains[i] > max(CLEAR_GAIN, 3 * max(noise(inc_result), noise(r)))}
+    if clear and any(gains[i] > max(clear.values()) for i, _, r in pending if r.timed_on != inc_result.timed_on):
+        clear = {}  # another lane's timing claims more: only a back-to-back re-time can compare them
     if clear:
         won = max(clear, key=lambda i: (clear[i], -i))
         verdicts = {}
