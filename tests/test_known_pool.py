@@ -58,6 +58,21 @@ def test_the_chosen_starters_result_is_handed_out_once():
     assert round(wrapped.retime([PoolJob(4, "src0", Language.TRITON)])[0].geomean_time_us, 6) == 98.0 and wrapped.lanes == 1
 
 
+def test_known_results_are_stamped_as_the_lane_that_stands_for_their_process():
+    """build_pool stamps them as local lane 0's, so a clear gain over the starter needs no re-time."""
+    from optagent.cli.build import build_pool
+    from optagent.evaluation.evaluator import SandboxEvaluator
+
+    task = load_task(PKG)
+    ev = SandboxEvaluator(task, "cpu", [], timeout_s=60)
+    pool = build_pool(ev, known={("src0", Language.TRITON): _result(5.0)})
+    try:
+        [(_, r)] = list(pool.evaluate([PoolJob(0, "src0", Language.TRITON)]))
+        assert r.timed_on == pool.pool.lane_list[0].name == "lane 0"
+    finally:
+        pool.close()
+
+
 def test_pick_language_returns_the_starters_it_timed():
     task = load_task(PKG)
     ev = CountingEvaluator({Language.TRITON: 120.0, Language.CUDA: 270.0})

@@ -60,6 +60,8 @@ def build_pool(evaluator: Evaluator, jobs: Optional[int] = None, known: Optional
         pool = RayPool(spec, pack_task(task.root), build_lane_pool, address=config.cluster_address)
     else:
         pool = LocalPool(evaluator, jobs=jobs)
+        if known:  # timed in this process, on the first visible GPU: lane 0's (a cluster's actors are elsewhere)
+            return KnownFirst(pool, known, timed_on=pool.lane_list[0].name)
     return KnownFirst(pool, known) if known else pool
 
 

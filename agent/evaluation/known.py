@@ -16,8 +16,11 @@ from optagent.schema import EvalResult, Language
 
 
 class KnownFirst:
-    def __init__(self, pool: Pool, known: dict[tuple[str, Language], EvalResult]):
-        self.pool, self.known, self.lanes = pool, dict(known), pool.lanes
+    def __init__(self, pool: Pool, known: dict[tuple[str, Language], EvalResult], timed_on: Optional[str] = None):
+        """timed_on: the pool's lane that stands for the process that timed the known results (the first
+        visible GPU is local lane 0's), so that acceptance compares them as one lane's timings."""
+        self.pool, self.lanes = pool, pool.lanes
+        self.known = {k: r.model_copy(update={"timed_on": timed_on}) if timed_on else r for k, r in known.items()}
 
     def evaluate(self, jobs: Sequence[PoolJob], progress: Optional[ProgressSink] = None
                  ) -> Iterator[tuple[PoolJob, EvalResult]]:
