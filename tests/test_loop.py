@@ -162,6 +162,17 @@ def test_max_steps_and_budget(make_run):
 
 
 
+def test_a_round_is_cut_to_what_the_budget_still_pays_for(make_run):
+    """Round 1 (3 wide, nothing known) spends $1.20; at $0.40 a step, $0.80 left pays for 2, not 3."""
+    sources = [f"s{i}" for i in range(10)]
+    ev = ScriptedEvaluator({"starter": [100.0], **{s: [120.0] for s in sources}})
+    store, loop = make_run(ScriptedPlanner(sources, cost=0.4), ev, budget_usd=2.0, width=3)
+    state = loop.run()
+    assert state.status is RunStatus.BUDGET and state.steps == 6  # the starter and 5 candidates
+    assert abs(state.usage.cost_usd - 2.0) < 1e-9  # not $2.40: the second round was 2 wide
+    assert [s.round for s in store.steps()[1:]] == [1, 1, 1, 2, 2]
+
+
 def test_max_steps_counts_candidates_after_the_starter_not_retimes(make_run):
     # "a" is within re-timing reach, so its step evaluates both kernels again: still one step
     ev = ScriptedEvaluator({"starter": [100.0], "a": [90.0], "b": [80.0]})

@@ -132,7 +132,8 @@ class Loop:
     def _propose_round(self) -> list[tuple[int, Proposal]]:
         """The next round's proposals, each saved before any is evaluated; cut to what --max-steps leaves."""
         traj = self.trajectory
-        width = min(self.limits.width, self.limits.max_steps - traj.candidates)
+        width = min(self.limits.width, self.limits.max_steps - traj.candidates,
+                    rounds.affordable(self.limits.budget_usd, self.state.usage.cost_usd, traj.candidates))
         start, round_no = traj.next_index, traj.next_round
         if self.progress:
             self.progress(Progress(phase=Phase.PROPOSING, step=start))

@@ -82,3 +82,11 @@ def propose_all(planner: Planner, ctxs: list[PlannerContext]) -> list[SlotOutcom
         except Exception as e:  # an endpoint that fails is that slot's outcome, recorded as a step
             out.append(e)
     return out
+
+
+def affordable(budget_usd: Optional[float], spent_usd: float, steps: int) -> int:
+    """How many proposals the budget still pays for at the run's cost per step so far. A round's
+    requests go out at once, so without this cut a round overshoots --budget-usd by up to K-1 steps."""
+    if budget_usd is None or spent_usd <= 0 or steps <= 0:
+        return 1 << 30  # nothing known yet: the round as wide as asked
+    return max(1, int((budget_usd - spent_usd) / (spent_usd / steps) + 1e-9))  # 0.8 / 0.4 is 1.99..
