@@ -48,9 +48,7 @@ class Timing(Record):
     # whether too many were, so that all calls count and the host's speed is in the figure
     slow_host_calls: int = Field(0, ge=0)
     host_slow: bool = False
-    # the native timer's median of the interval between two timed calls that the harness's own
-    # work fills (outputs kept and poisoned, inputs redrawn); None where none ran or no native timer
-    after_us: Optional[float] = Field(None, ge=0)
+    after_us: Optional[float] = Field(None, ge=0)  # the harness's work between timed calls (timer_check.py)
 
     @property
     def spread(self) -> float:
@@ -152,9 +150,7 @@ class EvalResult(Record):
     isolation: Isolation = Field(default_factory=Isolation)
     costs: Optional[Costs] = None
     timer: TimerKind = TimerKind.PYTHON  # what took the timings (before it was recorded: the Python one)
-    # the pool's lane that timed it (a GPU, or a cluster actor): gains are accepted unchecked only
-    # between timings of one lane (search/accept.py); None: the serial evaluator's single lane
-    timed_on: Optional[str] = None
+    timed_on: Optional[str] = None  # the pool's lane (a GPU, a cluster actor) that timed it: search/accept.py
 
     @model_validator(mode="after")
     def _consistent(self) -> "EvalResult":

@@ -22,10 +22,11 @@ from __future__ import annotations
 import os
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
 
+from optagent import waits
 from optagent.cli.inputs import env_number
 from optagent.evaluation.evaluator import SandboxEvaluator
 from optagent.evaluation.lanes import Control, Gate, Lane, OrderedLane, visible_gpus
@@ -90,7 +91,7 @@ class LocalPool:
         try:
             pending = set(futures)
             while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                done, pending = waits.first_done(pending)  # in slices: Ctrl-C is heard at once (waits.py)
                 for f in done:
                     yield futures[f], f.result()
         finally:  # the caller stopped early (Ctrl-C, an error): no evaluation of this call outlives it
@@ -103,7 +104,7 @@ class LocalPool:
         """All on lane 0, held for the whole batch; compiled at once, timed back to back in order."""
         lane = self.lane_list[0]
         base = self._baseline(lane)
-        wait([base])  # before the lane is held: the baseline job times in it too
+        waits.all_done([base])  # before the lane is held: the baseline job times in it too
         stop = stop or threading.Event()
         sink = _serialised(progress)
         token = ("retime", object())
@@ -112,7 +113,7 @@ class LocalPool:
             ordered = OrderedLane(lane, list(range(len(jobs))))
             futures = [self._executor.submit(self._one, job, (ordered, i, base), stop, sink)
                        for i, job in enumerate(jobs)]
-            return [f.result() for f in futures]
+            return [waits.result(f) for f in futures]
         finally:
             stop.set()
             lane.release(token)

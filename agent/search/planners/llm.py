@@ -10,6 +10,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Union
 
+from optagent import waits
 from optagent.evaluation.checks import ALLOWED_IMPORTS
 from optagent.llm import feedback as fb
 from optagent.llm.feedback import Rules
@@ -228,6 +229,7 @@ class LLMPlanner:
         a request that still fails is its slot's outcome."""
         with ThreadPoolExecutor(max_workers=max(1, len(ctxs))) as pool:
             futures = [pool.submit(self._ask, ctx) for ctx in ctxs]
+            waits.all_done(futures)  # in slices, not in the pool's shutdown: Ctrl-C is heard at once
         out: list[Union[Proposal, Exception]] = []
         for future in futures:
             error = future.exception()
