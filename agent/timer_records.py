@@ -50,7 +50,7 @@ class TimerEnd(Part):
     host_slow: bool
     slow_host_calls: int = Field(ge=0)
     loop_s: float = Field(ge=0)  # warm-up and timed calls, by the timer's own clock
-    after_us: float = Field(ge=0)  # median interval of the harness's `after` per timed call (0: none ran)
+    after_us: float = Field(ge=0)  # low decile of the harness's `after` interval per timed call (0: none ran)
     n_keep: int = Field(ge=0)
     check: list[tuple[int, int, Optional[int]]]  # (call number, input set, refresh seed or None)
 

@@ -120,9 +120,9 @@ def test_the_timers_figures_replace_the_candidates_claims():
 
 
 def test_work_moved_between_the_timed_calls_is_rejected_in_either_loop():
-    """The baseline's loop spent 400 us a call on the harness's after-work; the slack on CUDA is as much again."""
-    assert honest(gpu=True, eager_after=790.0).check(gpu=True).moved is None
-    for eager, gpu, kind in ((900.0, 380.0, "eager"), (400.0, 1500.0, "gpu")):
+    """The baseline's loop spent 400 us a call on the harness's after-work; the slack on CUDA is 500 us."""
+    assert honest(gpu=True, eager_after=890.0).check(gpu=True).moved is None
+    for eager, gpu, kind in ((950.0, 380.0, "eager"), (400.0, 1500.0, "gpu")):
         why = honest(gpu=True, eager_after=eager, gpu_after=gpu).check(gpu=True).moved
         assert why and f"({kind} loop)" in why and "moved out of the timed window" in why, why
     timings = honest().check().timings

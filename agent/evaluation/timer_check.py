@@ -38,8 +38,11 @@ MAX_LOOPS = {LoopKind.BASELINE: 2, LoopKind.EAGER: 2, LoopKind.GPU: 1}
 # leaves timed calls that do next to nothing, while an honest one's calls are where its time
 # goes, whatever the host's load does to the harness's small tensor operations. CPU: honest
 # Triton starters measured 0.5-2.2x the baseline's interval alone, and 10x (47 ms) on a loaded
-# host, under interpreted calls of 140 ms and more.
-AFTER_SLACK = {Device.CUDA: (1.0, 200.0), Device.CPU: (3.0, 20_000.0)}
+# host, under interpreted calls of 140 ms and more (medians; the timer now reports the low decile,
+# which a pool's compiles beside the timing move less). The GPU figures are a guess until the
+# H200 measures the interval (tests/test_integrity.py prints it): 500 us covers a few hundred
+# launches slowed by a busy host.
+AFTER_SLACK = {Device.CUDA: (1.0, 500.0), Device.CPU: (3.0, 20_000.0)}
 
 
 @dataclass
