@@ -179,7 +179,10 @@ def test_ctrl_c_stops_cleanly_and_leaves_the_run_resumable(tmp_path, task_dir):
     env = {**os.environ, "OPTAGENT_RUNS_DIR": str(tmp_path)}
     cmd = [sys.executable, "-m", "optagent.cli.main", "run", str(task_dir), "--planner", "replay", "--replay", str(REPLAY),
            "--no-hidden"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A shell without job control starts a background job with SIGINT ignored, and Python keeps an
+    # ignored SIGINT ignored: the run is given the terminal's disposition, however pytest was started.
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not list(tmp_path.glob("*/steps/0001/proposal.json")):
         time.sleep(0.2)
