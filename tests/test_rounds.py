@@ -277,10 +277,11 @@ def test_kill_9_mid_round_then_resume_evaluates_only_the_unfinished(tmp_path):
     assert len(committed) == 2, "the round never had 2 committed steps"
     (run,) = [p for p in runs.iterdir() if (p / "config.json").exists()]
     store = RunStore(run)
-    # the pool evaluates the round's steps at once: any 2 of the 3 may be the committed ones
+    # the pool evaluates the round's steps at once: any 2 of the 3 may be the committed ones, and on a
+    # loaded host the third may commit between the poll that saw 2 and the kill (then nothing is left)
     done = sorted(s.index for s in store.steps())
     left = [i for i, _ in store.unfinished_steps()]
-    assert done[0] == 0 and len(done) == 3 and len(left) == 1 and sorted(done[1:] + left) == [1, 2, 3]
+    assert done[0] == 0 and len(done) >= 3 and len(done) + len(left) == 4 and sorted(done[1:] + left) == [1, 2, 3]
     before = {i: (store.step_dir(i) / "step.json").read_bytes() for i in done[1:]}
 
     resumed = subprocess.run(cli + ["resume", run.name], env=env, capture_output=True, text=True, timeout=400)
