@@ -58,11 +58,11 @@ def build_pool(evaluator: Evaluator, jobs: Optional[int] = None, known: Optional
                         cases=evaluator.cases, timeout_s=evaluator.timeout_s, compiler=evaluator.compiler,
                         profile=evaluator.profiler is not None, jobs=jobs)
         pool = RayPool(spec, pack_task(task.root), build_lane_pool, address=config.cluster_address)
+        timed_on = None  # the known results were timed here, the cluster's actors are elsewhere
     else:
         pool = LocalPool(evaluator, jobs=jobs)
-        if known:  # timed in this process, on the first visible GPU: lane 0's (a cluster's actors are elsewhere)
-            return KnownFirst(pool, known, timed_on=pool.lane_list[0].name)
-    return KnownFirst(pool, known) if known else pool
+        timed_on = pool.lane_list[0].name  # timed in this process, on the first visible GPU: lane 0's
+    return KnownFirst(pool, known, timed_on) if known else pool
 
 
 def build_lane_pool(spec, root: Path) -> Pool:

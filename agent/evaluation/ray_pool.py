@@ -271,9 +271,9 @@ class RayPool:
         slot, info = flight.slot, flight.slot.info  # an actor is one GPU for its life: a replacement is another lane
         lane = f"lane {slot.index} on {info.node} (actor pid {info.pid})" if info else f"lane {slot.index}"
         flight.results = [r.model_copy(update={"timed_on": lane}) for r in flight.results]
-        flight.slot.busy -= 1
+        slot.busy -= 1
         for job in flight.jobs:
-            self.timed_on[job.key] = flight.slot.index
+            self.timed_on[job.key] = slot.index
         done.append(flight)
 
     def _lose(self, slot: Slot, why: str, flight: Flight, flying: dict, todo: deque, done: deque,
