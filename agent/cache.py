@@ -11,9 +11,11 @@ import os
 import tempfile
 from pathlib import Path
 
+from optagent.settings import settings
+
 
 def cache_root() -> Path:
-    return Path(os.environ.get("OPTAGENT_CACHE", Path.home() / ".cache" / "optagent"))
+    return settings().cache
 
 
 def write_json(path: Path, data) -> None:

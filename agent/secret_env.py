@@ -20,6 +20,7 @@ from typing import Optional
 
 SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.I)
 FD_ENV = "OPTAGENT_SECRETS_FD"
+API_KEY_ENVS = ("OPTAGENT_API_KEY", "OPENAI_API_KEY")  # the first one set is the LLM endpoint's key
 PR_SET_DUMPABLE = 4
 _hidden: dict[str, str] = {}
 
@@ -28,9 +29,24 @@ def get(name: str) -> Optional[str]:
     return _hidden.get(name) or os.environ.get(name)
 
 
+def api_key() -> Optional[str]:
+    return next((key for name in API_KEY_ENVS if (key := get(name))), None)
+
+
 def environ() -> dict[str, str]:
     """os.environ with the moved secrets back in (for redaction)."""
     return {**os.environ, **_hidden}
+
+
+secrets = environ  # redact's default, named apart from its parameter
+
+
+def redact(text: str, environ: Optional[dict] = None) -> str:
+    """``text`` with the values of this (orchestrator) process's secret-looking variables blanked."""
+    for name, value in (secrets() if environ is None else environ).items():
+        if SECRET.search(name) and len(value) >= 8:
+            text = text.replace(value, "[redacted]")
+    return text
 
 
 def hide_secrets() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Iterable
 
-from optagent.evaluation.checks import static_verdict
+from optagent.integrity import static_verdict
 from optagent.search.knobs import find_knobs, set_knobs
 from optagent.search.planners.offline import STRATEGY_ROOT
 from optagent.search.strategy_spec import StrategyEntry, StrategySpec, read_spec

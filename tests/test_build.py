@@ -14,7 +14,7 @@ import pytest
 from jinja2 import Environment
 
 from optagent.cli.build import build_evaluator, build_planner, run_evaluator, run_limits
-from optagent.cli.inputs import UserError
+from optagent.settings import UserError
 from optagent.cli.main import build_parser, main
 from optagent.evaluation.evaluator import SandboxEvaluator
 from optagent.messages import Job

@@ -30,7 +30,8 @@ from pathlib import Path
 import pytest
 
 import optagent.evaluation.evaluator as evaluator_module
-from optagent.evaluation.checks import redact, static_verdict
+from optagent.integrity import static_verdict
+from optagent.secret_env import redact
 from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
 from optagent.worker.object_scan import scan_cuda_object
 from optagent.schema import EvalResult, Language, Status, TimerKind

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from optagent.evaluation.checks import python_syntax_error
+from optagent.integrity import python_syntax_error
 from optagent.cli.main import main
 
 # Cut off before its @triton.jit: the static scan alone would call it a file with no kernel.

@@ -17,7 +17,7 @@ from test_llm_planner import make_ctx
 from tiny_package import FAST, tiny_package
 
 from optagent.cli.main import main
-from optagent.cli.views import print_eval, profile_lines
+from optagent.report.format import print_eval, profile_lines
 from optagent.evaluation import isolation, profiler
 from optagent.profile_facts import Bound, CaseProfile, ProfiledKernel, ProfileStatus, Stall
 from optagent.schema import CaseKind, CaseResult, EvalResult, FloorKind, Language, Mechanism, Status

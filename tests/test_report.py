@@ -21,7 +21,8 @@ from markupsafe import escape
 from optagent.report import code as report_code
 from optagent.report import svg
 from optagent.report.leaderboard import gather
-from optagent.report.run_page import add_report_commands, render_run_report
+from optagent.cli.report import add_report_commands
+from optagent.report.run_page import render_run_report
 from optagent.report.board_page import render_leaderboard, write_leaderboard_html
 from optagent.report.charts import case_chart, step_category
 from optagent.report.svg import linear_ticks, log_ticks, marker_path

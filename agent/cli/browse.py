@@ -9,7 +9,8 @@ from pathlib import Path
 from rich.table import Table
 
 from optagent.cli.options import add_runs_dir
-from optagent.cli.views import console, fmt, human_console, keep_ids_whole, print_eval, print_json
+from optagent.cli.views import console, human_console, print_json
+from optagent.report.format import fmt, keep_ids_whole, print_eval
 from optagent.search.tree import best_step, lineage_text, parents
 from optagent.search.store import RunError, RunStore, list_runs, runs_dir
 

@@ -10,7 +10,7 @@ import shlex
 from pathlib import Path
 from typing import Optional
 
-from optagent.cli.inputs import UserError
+from optagent.settings import UserError
 from optagent.evaluation.evaluator import TIMEOUT_S, SandboxEvaluator, choose_cases
 from optagent.protocols import Evaluator, Memory, Planner, Pool
 from optagent.schema import ClusterEngine, Device, PlannerKind, RunConfig

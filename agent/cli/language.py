@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Callable, Optional
 
-from optagent.cli.inputs import UserError
+from optagent.settings import UserError
 from optagent.protocols import Evaluator
 from optagent.schema import Device, EvalResult, Language
 from optagent.task import TaskPackage

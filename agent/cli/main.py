@@ -17,7 +17,8 @@ from optagent.schema import Language, Status
 from optagent.secret_env import hide_secrets
 from optagent.evaluation.evaluator import CaseListError
 # UserError lives in inputs so that `python -m optagent.cli.main` (cli as __main__) catches the same class
-from optagent.cli.inputs import EnvError, OneLineParser, UserError  # noqa: F401 (re-exported)
+from optagent.cli.inputs import OneLineParser
+from optagent.settings import EnvError, UserError
 from optagent.cli.build import build_evaluator, profile_notice
 from optagent.cli.browse import add_browse_commands
 from optagent.cli.options import add_eval_options, resolve_device
@@ -25,7 +26,8 @@ from optagent.cli.runs import add_run_commands
 from optagent.cli.step_mode import add_step_commands
 from optagent.search.store import RunError
 from optagent.task import TaskError, detect_language, extract_code, load_task
-from optagent.cli.views import console, human_console, print_eval, print_json
+from optagent.cli.views import console, human_console, print_json
+from optagent.report.format import print_eval
 
 
 def _read_kernel(path: Path, language: Optional[str]) -> tuple[str, Language]:
@@ -152,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     from optagent.cli.retime import add_retime_command
 
     add_retime_command(sub)
-    from optagent.report.run_page import add_report_commands
+    from optagent.cli.report import add_report_commands
 
     add_report_commands(sub)
     return p

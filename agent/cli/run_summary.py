@@ -17,7 +17,7 @@ from rich.table import Table
 
 from optagent.schema import RunConfig, RunState, RunStatus
 from optagent.search.store import RunError, RunStore
-from optagent.cli.views import fmt
+from optagent.report.format import fmt
 
 DAMAGED = "DAMAGED"  # shown in place of a status: the run cannot be read whole
 NEW = "NEW"  # created, never driven

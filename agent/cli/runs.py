@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Optional
 
 from optagent.cli.build import (build_evaluator, build_planner, build_pool, check_cluster, profile_notice,
                                 run_evaluator, run_limits, run_memory)
 from optagent.cli.language import pick_language
-from optagent.cli.inputs import UserError, check_env
+from optagent.settings import UserError, settings
 from optagent.cli.options import (add_eval_options, add_limit_options, add_planner_options, add_pool_options,
                                   add_runs_dir, resolve_device)
 from optagent.protocols import Evaluator, Planner, Pool
@@ -19,7 +18,8 @@ from optagent.schema import ClusterEngine, Device, PlannerKind, RunConfig, RunSt
 from optagent.search.loop import Loop
 from optagent.search.store import RunError, RunStore, new_run_id, runs_dir
 from optagent.task import TaskPackage, load_task
-from optagent.cli.views import STATUS_STYLE, console, fmt, human_console, isolation_line, print_json, ratio
+from optagent.cli.views import console, human_console, print_json
+from optagent.report.format import STATUS_STYLE, fmt, isolation_line, ratio
 
 
 def _progress(con, t0: float, live=None):
@@ -55,7 +55,7 @@ def _preflight(task: TaskPackage, config: RunConfig):
     """Everything step 0 would otherwise find out the slow way; returns the run's planner."""
     from optagent.evaluation.evaluator import probe_task
 
-    check_env()
+    settings()  # every OPTAGENT_* value checked before the run starts
     check_cluster(config)  # Ray missing: one line before the run exists
     planner = build_planner(config, task)  # an LLM endpoint is checked here: milliseconds, the probe takes seconds
     probe_task(task, cached=True)  # a package that does not load is a TaskError; only a good probe is cached

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from optagent.cli.inputs import UserError
+from optagent.settings import UserError
 from optagent.cli.options import add_runs_dir, resolve_device
 from optagent.cli.views import human_console, print_json
 from optagent.outside.operations import OutsideError, Scope

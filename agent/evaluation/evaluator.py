@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from optagent.cache import cache_root, write_json
-from optagent.evaluation.checks import python_syntax_error, redact, static_verdict
+from optagent.integrity import python_syntax_error, static_verdict
+from optagent.secret_env import redact
 from optagent.worker.interpreter_faults import source_uses_fp8
 from optagent.evaluation import isolation
 from optagent.evaluation.cost_clock import CostClock

@@ -24,10 +24,9 @@ from pathlib import Path
 from typing import Optional
 
 from optagent.cache import cache_root
-from optagent.cli.inputs import EnvError
 from optagent.schema import Isolation, Mechanism
+from optagent.settings import CACHE_ENV, ISOLATION_ENV as ENV, EnvError, settings
 
-ENV = "OPTAGENT_ISOLATION"
 CHOICES = ("auto", "bwrap", "unshare", "none")
 NOBODY = "65534"
 HIDDEN = ("/tmp", "/run")  # replaced by empty ones: sockets (/run/docker.sock) and other users' files
@@ -40,11 +39,7 @@ GPU_RUN = ("/run/nvidia-persistenced",)
 
 
 def requested() -> str:
-    raw = os.environ.get(ENV, "")
-    value = raw.strip().lower() or "auto"
-    if value not in CHOICES:
-        raise EnvError(f"{ENV}={raw!r}: must be one of {', '.join(CHOICES)}")
-    return value
+    return settings().isolation
 
 
 def _try(argv: list[str]) -> Optional[str]:
@@ -184,7 +179,7 @@ def wrap(argv: list[str], env: dict[str, str], mech: Mechanism, scratch: Path, d
 
 def worker_env(env: dict[str, str], mech: Mechanism, scratch: Path) -> dict[str, str]:
     """The worker's environment under `mech`: caches it must write point into its scratch directory."""
-    env = {**env, "OPTAGENT_CACHE": str(cache_root())}  # the same cache, whatever HOME says inside
+    env = {**env, CACHE_ENV: str(cache_root())}  # the same cache, whatever HOME says inside
     # Compiler caches per evaluation under every mechanism: concurrent evaluations (a pool) never
     # share one, and no kernel leaves a cached binary for another to load.
     env.update(TRITON_CACHE_DIR=str(scratch / ".triton"), CUDA_CACHE_PATH=str(scratch / ".nv"),

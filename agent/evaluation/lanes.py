@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Hashable, Optional
 
 from optagent.messages import LaneReleased, LaneWanted, Message
-from optagent.worker.lane import LANE_FD_ENV  # torch-free: the worker's side of the gate
+from optagent.settings import LANE_FD_ENV
 
 
 class Stopped(Exception):

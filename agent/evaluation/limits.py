@@ -22,15 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from optagent.cli.inputs import env_number
 from optagent.schema import Isolation, Mechanism
+from optagent.settings import RLIMITS_ENV, settings
 
-MEMORY_ENV = "OPTAGENT_MEMORY_LIMIT_GIB"
 OUTPUT_BYTES = 64 << 20
 TAIL_BYTES = 64 << 10  # what the parent keeps of the output in memory
 TASKS = 4096  # processes and threads of one worker
 TICK = 0.5  # seconds between looks at the worker's tree (a scan of /proc)
-RLIMITS_ENV = "OPTAGENT_RLIMITS"
 # How an allocation refused by RLIMIT_DATA surfaces in Python and in PyTorch.
 ALLOCATION_FAILED = re.compile(r"MemoryError|can't allocate memory|Cannot allocate memory|std::bad_alloc")
 
@@ -57,9 +55,9 @@ def _mem_total() -> int:
 
 
 def limits_for(device: str) -> Limits:
-    """OPTAGENT_MEMORY_LIMIT_GIB (0: none), else 8 GiB on CPU (half the memory if less); on a GPU,
+    """The memory_limit_gib setting (0: none), else 8 GiB on CPU (half the memory if less); on a GPU,
     where host memory holds inputs and outputs of big cases too, half the memory, at least 16 GiB."""
-    gib = env_number(MEMORY_ENV)
+    gib = settings().memory_limit_gib
     if gib is None:
         half = _mem_total() / 2 / 2**30
         gib = min(8.0, half) if device == "cpu" else max(16.0, half)

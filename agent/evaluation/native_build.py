@@ -22,10 +22,10 @@ from typing import Optional
 
 from optagent.cache import cache_root
 from optagent.messages import NativeTimerSpec
+from optagent.settings import settings
 
 SOURCE = Path(__file__).resolve().parents[1] / "worker" / "native" / "timer.c"
 MODULE = "_optagent_timer"
-ENV_OFF = "OPTAGENT_TIMER"  # "python": never build, use the in-process Python timer
 _built: dict[Path, str] = {}  # .so -> the sha256 this process built it with
 # A pool's threads ask at once; one builds, the others wait for it and check its file.
 _lock = threading.Lock()
@@ -71,7 +71,7 @@ def build(root: Optional[Path] = None) -> NativeTimerSpec:
 
 def native_timer(root: Optional[Path] = None) -> Optional[NativeTimerSpec]:
     """The checked native timer for the next evaluation, or None (the Python timer) where it cannot be built."""
-    if os.environ.get(ENV_OFF, "").strip().lower() == "python":
+    if settings().timer == "python":  # never build: the in-process Python timer
         return None
     so = _target(root or cache_root())
     with _lock:

@@ -27,16 +27,15 @@ from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
 
 from optagent import waits
-from optagent.cli.inputs import env_number
 from optagent.evaluation.evaluator import SandboxEvaluator
 from optagent.evaluation.lanes import Control, Gate, Lane, OrderedLane, visible_gpus
 from optagent.messages import Baseline, Done
 from optagent.progress import Progress, ProgressSink, stamped
 from optagent.protocols import PoolJob
 from optagent.schema import Device, EvalResult
+from optagent.settings import settings
 from optagent.worker import host_speed
 
-CPU_LANES_ENV = "OPTAGENT_CPU_LANES"
 MAX_AGE_S = 900.0  # GPU clocks and neighbours drift in ways the host probe does not see
 PROBES = 50  # the parent's host probe: the fastest of this many ~10 us runs
 
@@ -51,7 +50,7 @@ def default_jobs(lanes: int) -> int:
 def lane_devices(device: Device) -> list[Optional[str]]:
     if device is Device.CUDA:
         return list(visible_gpus()) or [None]  # None: whatever the process sees
-    n = env_number(CPU_LANES_ENV)
+    n = settings().cpu_lanes
     return [None] * max(1, int(n or 1))
 
 

@@ -22,15 +22,14 @@ import threading
 from pathlib import Path
 from typing import Callable, Optional
 
-from optagent.cli.inputs import EnvError
 from optagent.evaluation import ncu_csv
 from optagent.evaluation.lanes import Control, Gate, OrderedLane
 from optagent.evaluation.sandbox import WorkerRun, new_scratch, remove_scratch, run_worker
 from optagent.messages import CaseSpec, CaseStart, Job, WorkerError
 from optagent.profile_facts import CaseProfile, ProfileStatus
 from optagent.schema import CaseKind, Device, EvalResult, Language
+from optagent.settings import NCU_ENV, EnvError, settings
 
-NCU_ENV = "OPTAGENT_NCU"
 PLACES = ("/usr/local/cuda/bin/ncu", "/opt/nvidia/nsight-compute/*/ncu")
 NOT_FOUND = (f"ncu (Nsight Compute) was not found on PATH, in /usr/local/cuda/bin or /opt/nvidia/nsight-compute "
              f"({NCU_ENV} names it)")
@@ -39,8 +38,8 @@ MakeJob = Callable[..., Job]
 
 
 def find_ncu() -> Optional[Path]:
-    """OPTAGENT_NCU (an EnvError when it names no program), else ncu on PATH or where CUDA puts it."""
-    raw = os.environ.get(NCU_ENV, "").strip()
+    """The ncu setting (an EnvError when it names no program), else ncu on PATH or where CUDA puts it."""
+    raw = (settings().ncu or "").strip()
     if raw:
         path = Path(raw).expanduser()
         if not (path.is_file() and os.access(path, os.X_OK)):

@@ -14,14 +14,12 @@ from typing import Optional
 import ray
 import ray.exceptions as rex
 
-from optagent.cli.inputs import UserError, env_number
-from optagent.evaluation.pool import CPU_LANES_ENV  # as locally: CPU lanes are labels, more of them for tests
-from optagent.schema import Device
+from optagent.settings import (CACHE_ENV, ISOLATION_ENV, MEMORY_ENV, NVCC_ENV, SCRATCH_ENV, UserError,
+                               settings)
 
 # The orchestrator's settings that shape an evaluation, given to each actor's environment as they are here
 # (a remote node does not see this process's environment); nothing else travels, and no secret does.
-TRAVELS = ("OPTAGENT_ISOLATION", "OPTAGENT_MEMORY_LIMIT_GIB", "OPTAGENT_NVCC", "OPTAGENT_CACHE",
-           "OPTAGENT_SCRATCH")
+TRAVELS = (ISOLATION_ENV, MEMORY_ENV, NVCC_ENV, CACHE_ENV, SCRATCH_ENV)
 # A local instance's object store holds a package archive and JSON records: not 30% of the host's memory.
 OBJECT_STORE_BYTES = 512 << 20
 # What a lost actor, worker or node looks like from the caller: its call's work is queued again.
@@ -72,7 +70,7 @@ def _reachable(address: str) -> None:
 
 def cpu_lanes() -> int:
     """On the CPU, as many lanes as OPTAGENT_CPU_LANES says (default 1), as locally."""
-    return max(1, int(env_number(CPU_LANES_ENV) or 1))
+    return max(1, int(settings().cpu_lanes or 1))  # as locally: CPU lanes are labels, more of them for tests
 
 
 def gpu_lanes(address: Optional[str]) -> int:

@@ -34,17 +34,18 @@ from optagent.evaluation.scratch import (OWNER, keep_scratch, new_scratch, remov
 from optagent.messages import M, Job, Message, parse_line, parse_messages
 from optagent.schema import Device, Isolation, Mechanism
 from optagent.secret_env import SECRET
+from optagent.settings import CACHE_ENV, NVCC_ENV, SANDBOX_ENV, settings
 
 ALLOWED_ENV = {
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SHELL",
     "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
     "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX", "CC", "CXX",
-    "TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_PTXAS_PATH", "OPTAGENT_CACHE", "OPTAGENT_NVCC", "XDG_CACHE_HOME",
+    "TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_PTXAS_PATH", CACHE_ENV, NVCC_ENV, "XDG_CACHE_HOME",
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "TORCH_CUDA_ARCH_LIST",
     "TORCHINDUCTOR_CACHE_DIR", "TORCH_HOME", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
     "NVSHMEM_DISABLE_NVLS", "TILELANG_CACHE_DIR", "TILELANG_TMP_DIR", "TILELANG_DEFAULT_TARGET",
 }
-MARKER = "OPTAGENT_SANDBOX"
+MARKER = SANDBOX_ENV
 TICK = 0.25  # seconds between looks at the worker's limits
 
 
@@ -212,7 +213,7 @@ def _command(job: Job, scratch: Path, job_file: Path, wfd: int, marker: str, mec
     writable = [cache_root()] if job.mode == "judge" else []
     for w in writable:
         w.mkdir(parents=True, exist_ok=True)
-    reads = [p for p in (job.compiler or []) + os.environ.get("OPTAGENT_NVCC", "").split() if os.path.isabs(p)]
+    reads = [p for p in (job.compiler or []) + (settings().nvcc or "").split() if os.path.isabs(p)]
     reads += [str(Path(p).resolve().parent) for p in prefix[:1] if os.path.isabs(p)]  # ncu's own folder
     argv = [*prefix, sys.executable, "-m", "optagent.worker", str(job_file), str(wfd)]
     return isolation.wrap(argv, env, mech, scratch, job.device, job.task_dir, writable, reads), env

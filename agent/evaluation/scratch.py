@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from optagent.settings import settings
+
 # Scratch directories: each eval-* dir holds an flock on its OWNER file for as long as its evaluation lives;
 # the kernel drops it when the process dies (kill -9 too), so the next start can tell a killed evaluation's
 # leftovers from a directory another optagent process is using right now.
@@ -20,7 +22,7 @@ STALE_NEW_S = 600  # a half-made directory this old belongs to no one
 
 
 def scratch_base(root: Optional[Path] = None) -> Path:
-    return root or Path(os.environ.get("OPTAGENT_SCRATCH", Path.home() / ".cache" / "optagent" / "scratch"))
+    return root or settings().scratch
 
 
 def new_scratch(root: Optional[Path] = None) -> tuple[Path, str]:

@@ -6,12 +6,11 @@ client: offline runs need neither it nor a network.
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple, Optional
 
 from optagent import secret_env
-from optagent.cli.inputs import env_number
 from optagent.llm.prices import known_prices
+from optagent.settings import settings
 
 
 class LLMSettings(NamedTuple):
@@ -27,12 +26,13 @@ def llm_settings_from_env(base_url: Optional[str] = None, model: Optional[str] =
 
     Prices: the variables where set (one set alone leaves the other at the table's, else 0),
     else the table of known models (llm/prices.py)."""
-    base_url = base_url or os.environ.get("OPTAGENT_BASE_URL") or None
-    model = model or os.environ.get("OPTAGENT_MODEL") or None
+    env = settings()
+    base_url = base_url or env.base_url or None
+    model = model or env.model or None
     if not base_url or not model:
         return None
-    api_key = secret_env.get("OPTAGENT_API_KEY") or secret_env.get("OPENAI_API_KEY") or None
-    prompt, completion = env_number("OPTAGENT_PRICE_PROMPT"), env_number("OPTAGENT_PRICE_COMPLETION")
+    api_key = secret_env.api_key()
+    prompt, completion = env.price_prompt, env.price_completion
     prices = known_prices(model)
     if prompt is not None or completion is not None:
         table = prices or {}

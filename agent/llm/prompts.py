@@ -8,13 +8,14 @@ a wheel, where no ``prompts/`` folder sits beside the code.
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 import jinja2
+
+from optagent.settings import settings
 
 if TYPE_CHECKING:  # importlib.resources.abc is 3.11+; importlib.abc's alias goes away in 3.14
     from importlib.resources.abc import Traversable
@@ -24,7 +25,7 @@ TEMPLATE_PACKAGE = "optagent.prompt_templates"
 
 def prompts_dir() -> Union[Path, Traversable]:
     """The template folder: the installed templates, or OPTAGENT_PROMPTS_DIR to try variants."""
-    override = os.environ.get("OPTAGENT_PROMPTS_DIR")
+    override = settings().prompts_dir
     if override:
         return Path(override).expanduser().resolve()
     try:
@@ -75,4 +76,4 @@ def render(name: str, **variables: Any) -> str:
     folder = prompts_dir()
     if not folder.joinpath(f"{name}.j2").is_file():
         raise FileNotFoundError(f"no prompt template {name}.j2 in {folder}")
-    return _environment(os.environ.get("OPTAGENT_PROMPTS_DIR") or None).get_template(f"{name}.j2").render(**variables)
+    return _environment(str(settings().prompts_dir) if settings().prompts_dir else None).get_template(f"{name}.j2").render(**variables)

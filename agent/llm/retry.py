@@ -22,7 +22,7 @@ from tenacity import (
     stop_after_attempt,
 )
 
-from optagent.cli.inputs import env_number
+from optagent.settings import settings
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +79,9 @@ def _log_retry(state: RetryCallState) -> None:
 
 def llm_retrying(max_attempts: Optional[int] = None, base_s: Optional[float] = None) -> Retrying:
     """A fresh tenacity Retrying; OPTAGENT_RETRY_ATTEMPTS / OPTAGENT_RETRY_BASE_S fill the gaps."""
-    attempts = max_attempts or int(env_number("OPTAGENT_RETRY_ATTEMPTS", DEFAULT_ATTEMPTS))
-    base = base_s if base_s is not None else env_number("OPTAGENT_RETRY_BASE_S", DEFAULT_BASE_S)
+    env = settings()
+    attempts = max_attempts or env.retry_attempts or DEFAULT_ATTEMPTS
+    base = base_s if base_s is not None else env.retry_base_s if env.retry_base_s is not None else DEFAULT_BASE_S
     return Retrying(
         retry=retry_if_exception_type(RETRYABLE),
         stop=stop_after_attempt(max(1, attempts)),

@@ -140,7 +140,7 @@ def evaluate(scope: Scope, task_name: str, source: str, language: Optional[str] 
              cases: Optional[str] = None, progress: Optional[ProgressSink] = None) -> Verdict:
     """A kernel source, judged as `optagent eval` judges it; a bad kernel is a verdict, not an error."""
     from optagent.cli.build import build_evaluator
-    from optagent.cli.views import print_eval
+    from optagent.report.format import print_eval
     from optagent.evaluation.evaluator import CaseListError
 
     if not source.strip():

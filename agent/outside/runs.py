@@ -111,7 +111,7 @@ def open_run(scope: Scope, run_id: str) -> tuple[RunStore, TaskPackage]:
 
 def _drive(store: RunStore, task: TaskPackage, proposals: list[Proposal], progress: Optional[ProgressSink]):
     from optagent.cli.build import build_pool, run_evaluator, run_limits, run_memory
-    from optagent.cli.inputs import UserError
+    from optagent.settings import UserError
     from optagent.search.loop import Loop
     from optagent.search.planners.external import ExternalPlanner
 
@@ -212,7 +212,7 @@ def feedback(scope: Scope, run_id: str) -> Feedback:
 
 
 def run_status(scope: Scope, run_id: str) -> RunStatusView:
-    from optagent.cli.views import print_eval
+    from optagent.report.format import print_eval
 
     store, _ = open_run(scope, run_id)
     cfg, state, steps, best = store.config, store.state(), store.steps(), store.best()

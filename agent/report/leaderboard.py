@@ -19,7 +19,7 @@ from rich.table import Table
 from optagent.schema import Device, EvalResult, RunConfig
 from optagent.search.store import RunError, list_runs, unified_diff
 from optagent.search.tree import best_step, lineage
-from optagent.cli.views import fmt, keep_ids_whole
+from optagent.report.format import fmt, keep_ids_whole
 
 
 @dataclass

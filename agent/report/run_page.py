@@ -8,8 +8,6 @@ few lines that mark the page once its charts are laid out, for the browser test.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,7 +19,7 @@ from markupsafe import Markup
 from optagent import __version__
 from optagent.schema import Device, EvalResult, Language, StepOutcome
 from optagent.search.tree import lineage
-from optagent.search.store import RunStore, atomic_write, read_text, unified_diff
+from optagent.search.store import RunStore, read_text, unified_diff
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -223,37 +221,3 @@ def render_run_report(store: RunStore) -> str:
     page = run_page(store)
     return jinja_env().get_template("run_report.html.j2").render(page=page, highlight_css=page.highlight_css,
                                                                  generated=page.generated)
-
-
-# ----------------------------------------------------------------------------
-# Command line
-# ----------------------------------------------------------------------------
-
-
-def cmd_report(a) -> int:
-    from optagent.search.store import runs_dir
-    from optagent.cli.views import console
-
-    store = RunStore.open(runs_dir(a.runs_dir), a.run_id)
-    page = render_run_report(store)
-    if a.output == "-":
-        sys.stdout.write(page)
-        return 0
-    out = Path(a.output or f"{store.config.run_id}.html")
-    if out.is_dir():
-        out = out / f"{store.config.run_id}.html"
-    atomic_write(out, page)
-    console(quiet=a.quiet).print(f"wrote {out} ({len(page.encode()) // 1024} KiB): run {store.config.run_id}",
-                                 markup=False, soft_wrap=True)
-    return 0
-
-
-def add_report_commands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="write one run's report as a self-contained HTML file",
-                       description="Render a run (task, planner, cost, step chart, per-case timings, best kernel, "
-                                   "its diff, the ledger of ideas) as one HTML file that fetches nothing.")
-    p.add_argument("run_id", help="run id, a unique prefix of it, or a run directory's path")
-    p.add_argument("-o", "--output", metavar="FILE", help="where to write (default: RUN_ID.html; - for stdout)")
-    p.add_argument("--runs-dir", help="where runs live (default ./runs or OPTAGENT_RUNS_DIR)")
-    p.add_argument("--quiet", action="store_true", help="print nothing on success")
-    p.set_defaults(fn=cmd_report)

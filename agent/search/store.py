@@ -43,6 +43,7 @@ from pydantic import BaseModel
 from optagent.schema import EvalResult, Language, Proposal, RunConfig, RunState, Step
 from optagent.search import run_files
 # Re-exported: readers of runs (report, leaderboard, cli) import them from here.
+from optagent.settings import RUNS_DIR_ENV, settings
 from optagent.search.run_files import RunError, atomic_write, read_record, read_text, unified_diff
 
 __all__ = ["RunError", "RunStore", "atomic_write", "list_runs", "new_run_id", "read_record", "read_text",
@@ -52,12 +53,12 @@ LOCK_WAIT_S = 1.0  # a reader's probe holds the lock for microseconds; a driver 
 
 
 def runs_dir(arg: Optional[str]) -> Path:
-    env = os.environ.get("OPTAGENT_RUNS_DIR") or None
+    env = settings().runs_dir
     path = Path(arg or env or "runs")
     # A file on the way would fail the first write with a traceback; name where the path came from.
     existing = next((p for p in (path, *path.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
-        where = f"--runs-dir {arg}" if arg else f"OPTAGENT_RUNS_DIR={env}" if env else str(path)
+        where = f"--runs-dir {arg}" if arg else f"{RUNS_DIR_ENV}={env}" if env else str(path)
         raise RunError(f"{where}: " + ("not a directory" if existing == path else f"{existing} is not a directory"))
     return path
 

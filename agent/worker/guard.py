@@ -16,7 +16,7 @@ import threading
 from importlib.abc import MetaPathFinder
 from typing import Callable, Optional
 
-from optagent.evaluation.checks import LIBRARIES, table
+from optagent.integrity import LIBRARIES, table
 
 # The whole optagent package, not only this folder: the harness calls into optagent's shared records too.
 OPTAGENT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep

@@ -15,8 +15,8 @@ import time
 from typing import Iterator, Optional
 
 from optagent.messages import Channel, LaneReleased, LaneWanted, Phase
+from optagent.settings import LANE_FD_ENV
 
-LANE_FD_ENV = "OPTAGENT_LANE_FD"
 STARTED = time.monotonic()  # the worker's harness is running (worker/__main__.py imports this first)
 
 

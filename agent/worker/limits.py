@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 import resource
 
-ENV = "OPTAGENT_RLIMITS"
+from optagent.settings import RLIMITS_ENV
+
 NAMES = {"DATA": resource.RLIMIT_DATA, "NPROC": resource.RLIMIT_NPROC}
 
 
 def apply_rlimits() -> None:
-    for item in filter(None, os.environ.pop(ENV, "").split(",")):
+    for item in filter(None, os.environ.pop(RLIMITS_ENV, "").split(",")):
         name, _, value = item.partition("=")
         resource.setrlimit(NAMES[name], (int(value), int(value)))

@@ -17,7 +17,7 @@ import shutil
 import subprocess
 from typing import Optional
 
-from optagent.evaluation.checks import scan_cuda
+from optagent.integrity import scan_cuda
 
 MATH = re.compile(r"(?:__)?(?:sqrt|cbrt|hypot|exp|exp2|exp10|expm1|log|log2|log10|log1p|pow|fabs|floor|ceil|round"
                   r"|lround|llround|trunc|rint|lrint|nearbyint|fmod|remainder|fmax|fmin|fma|fdim|copysign|ldexp"

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Union
 
 from optagent import waits
-from optagent.evaluation.checks import ALLOWED_IMPORTS
+from optagent.integrity import ALLOWED_IMPORTS
 from optagent.llm import feedback as fb
 from optagent.llm.feedback import Rules
 from optagent.llm.edits import EditError, kernel_from_reply

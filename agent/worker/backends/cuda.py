@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 
 from optagent.cache import cache_root
 from optagent.schema import Device, KernelFacts
+from optagent.settings import settings
 from optagent.worker.compiler_facts import parse_ptxas
 from optagent.worker.object_scan import scan_cuda_object
 from optagent.worker.backends.base import CompileError, Refused
@@ -85,7 +86,7 @@ class CudaBackend:
 
     def __init__(self, device: Device, compiler: list[str] | None, compile_timeout_s: float):
         self.device = device
-        self.compiler = compiler or shlex.split(os.environ.get("OPTAGENT_NVCC", DEFAULT_COMPILER))
+        self.compiler = compiler or shlex.split(settings().nvcc or DEFAULT_COMPILER)
         self.timeout = compile_timeout_s
         self.library: Path | None = None
         self.kernel_facts: list[KernelFacts] = []  # from ptxas -v, when nvcc built it

@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from optagent.evaluation.checks import python_syntax_error
+from optagent.integrity import python_syntax_error
 from optagent.schema import Device, Language
 from optagent.worker.backends.base import CompileError, Unsupported
 

@@ -1,4 +1,7 @@
-"""Integrity rules that read a candidate's source: the static scan (run-time guards: ``guard``).
+"""Integrity rules that read a candidate's source: the static scan (run-time guards: ``worker/guard``).
+
+Torch-free and below both sides of the process boundary: the parent scans a source before any
+worker starts, and the worker's guard and object scan take their tables from here.
 
 The scan names the forbidden thing before any code runs. A list of bad calls is
 dodged by ``getattr(__import__('o'+'s'), ...)``, so instead it bounds what a
@@ -18,7 +21,6 @@ import ast
 import re
 from typing import Optional
 
-from optagent import secret_env
 from optagent.schema import Language
 
 # Libraries that would compute the answer, and the harness's modules; a prefix match, so
@@ -243,10 +245,3 @@ def static_verdict(source: str, language: Language) -> Optional[str]:
         return f"defines no {language.value} kernel of its own"
     return None
 
-
-def redact(text: str, environ: Optional[dict] = None) -> str:
-    """``text`` with the values of this (orchestrator) process's secret-looking variables blanked."""
-    for name, value in (secret_env.environ() if environ is None else environ).items():
-        if re.search(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", name, re.I) and len(value) >= 8:
-            text = text.replace(value, "[redacted]")
-    return text
