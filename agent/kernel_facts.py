@@ -1,4 +1,5 @@
-"""The compiler's report on one kernel, a part of schema.CaseResult (kept apart: schema.py is long)."""
+"""Hardware facts: the device a result was measured on (GpuFacts) and the compiler's report on each kernel
+(KernelFacts); parts of schema.EvalResult and CaseResult."""
 
 from __future__ import annotations
 
@@ -21,3 +22,16 @@ class KernelFacts(BaseModel):
     warps: Optional[int] = None
     stages: Optional[int] = None
     occupancy: Optional[float] = None  # theoretical: resident warps / the SM's 64, 0..1
+
+
+class GpuFacts(BaseModel):
+    """The device a result was measured on: what the worker reads and measures once per GPU model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    sm_count: Optional[int] = None
+    l2_mb: Optional[float] = None
+    bandwidth_gbs: Optional[float] = None
+    smem_per_sm_kb: Optional[float] = None
+    bf16_tflops: Optional[float] = None  # measured matrix-product rate

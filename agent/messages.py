@@ -14,7 +14,7 @@ from typing import Annotated, Literal, Optional, TypeVar, Union
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from optagent.enums import Phase  # noqa: F401 (the phases workers report, here with the messages)
-from optagent.schema import CaseKind, Device, FloorKind, KernelFacts, Language, Record, Status, Timing
+from optagent.schema import CaseKind, Device, FloorKind, GpuFacts, KernelFacts, Language, Record, Status, Timing
 
 
 class CaseSpec(Record):
@@ -92,20 +92,11 @@ class Message(Part):
     nonce: str = ""  # Channel.send stamps the run's nonce
 
 
-class DeviceFacts(Part):
-    name: str
-    sm_count: Optional[int] = None
-    l2_mb: Optional[float] = None
-    bandwidth_gbs: Optional[float] = None
-    smem_per_sm_kb: Optional[float] = None
-    bf16_tflops: Optional[float] = None  # measured matrix-product rate
-
-
 class Hello(Message):
     type: Literal["hello"] = "hello"
     baseline_label: str
     device_name: str
-    gpu: Optional[DeviceFacts] = None
+    gpu: Optional[GpuFacts] = None
     import_s: Optional[float] = None  # the worker's own start-up until this message: torch, the task package
 
 

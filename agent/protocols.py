@@ -1,16 +1,21 @@
-"""The boundaries between the loop and what it drives; only the CLI picks concrete classes."""
+"""The boundaries between the loop and what it drives (only app/build.py picks concrete classes): the
+protocols, what crosses them (a pool's job, an LLM's reply, a planner's exceptions), and what a task
+package's hooks module may define."""
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Optional, Protocol, Sequence, Union, runtime_checkable
 
 from optagent.progress import ProgressSink
 from optagent.schema import EvalResult, Language, Proposal, Step, Usage
 
-if TYPE_CHECKING:
-    from optagent.search.memory import Recall
+if TYPE_CHECKING:  # records of the runs floor, named in annotations only: nothing here imports upward
+    import torch
+
+    from optagent.runs.memory import Recall
+    from optagent.runs.view import PlannerContext
 
 
 class PlannerExhausted(Exception):
@@ -19,58 +24,6 @@ class PlannerExhausted(Exception):
 
 class PlannerWaiting(Exception):
     """The planner's proposals come from outside (an agent), and it has none now: the run pauses."""
-
-
-@dataclass
-class Attempt:
-    """One past step, as a planner sees it (hidden cases already redacted)."""
-
-    index: int
-    idea: str
-    outcome: str
-    error: Optional[str]
-    result: Optional[EvalResult]
-    source: Optional[str] = None
-    retime_note: Optional[str] = None  # how the comparison that decided its outcome went
-    hidden_failed: int = 0  # hidden cases that failed: counted for the planner, never described
-
-
-@dataclass
-class GpuFacts:
-    name: str
-    sm_count: Optional[int] = None
-    l2_mb: Optional[float] = None
-    bandwidth_gbs: Optional[float] = None
-    smem_per_sm_kb: Optional[float] = None
-    bf16_tflops: Optional[float] = None  # measured matrix-product rate
-
-
-@dataclass
-class PlannerContext:
-    """Everything a planner may know when proposing the next kernel."""
-
-    task_name: str
-    title: str
-    statement: str
-    contract: str
-    language: Language
-    starter_source: str
-    best_source: str
-    best_result: Optional[EvalResult]
-    attempts: list[Attempt] = field(default_factory=list)
-    gpu: Optional[GpuFacts] = None
-    step_index: int = 0
-    memory: Optional[Recall] = None  # what earlier runs on the task found (None: none, or --fresh)
-    # The tree (search/parents.py): best_source and best_result above are this slot's parent's.
-    parent_step: Optional[int] = None  # None: the starter, not evaluated yet
-    incumbent_step: Optional[int] = None  # the run's best kernel, and its result
-    incumbent_result: Optional[EvalResult] = None
-    lineage: list[Attempt] = field(default_factory=list)  # the steps from the starter down to the parent
-    siblings: list[Attempt] = field(default_factory=list)  # the parent's other children so far, as they fared
-    slot: int = 0  # this candidate's place among the round's width
-    width: int = 1
-    round_parents: list[int] = field(default_factory=list)  # each slot's parent, this one's included
-    on_cpu: bool = False  # timed by Triton's interpreter: its times are not GPU times
 
 
 @dataclass
@@ -210,24 +163,3 @@ HOOK_RULES: dict[str, HookRule] = {
     "flops": HookRule(HookNeed.OPTIONAL, "a case's compute floor on a GPU"),
     "describe": HookRule(HookNeed.OPTIONAL, "the sizes column of tables; default: the first two shapes"),
 }
-
-
-def redact(step: Step, source: Optional[str] = None) -> Attempt:
-    """A step as the planner may see it: hidden integrity cases reduced to a verdict."""
-    result, error, hidden_failed = step.result, step.error, 0
-    if result is not None:
-        from optagent.schema import CaseKind
-
-        hidden = [c for c in result.cases if c.kind is CaseKind.HIDDEN]
-        shown = [c for c in result.cases if c.kind is not CaseKind.HIDDEN]
-        failed_hidden = [c for c in hidden if not c.status.ok]
-        told = f"a hidden integrity case failed: {failed_hidden[0].status.value}" if failed_hidden else None
-
-        def names_hidden(text: Optional[str]) -> bool:
-            return bool(text) and any(c.reason and c.reason in text for c in failed_hidden)
-        reason = told if names_hidden(result.reason) else result.reason
-        # the step's error is the result's reason where it failed: it would tell the hidden case too
-        error = told if names_hidden(error) else error
-        result = result.model_copy(update={"cases": shown, "reason": reason})
-        hidden_failed = len(failed_hidden)
-    return Attempt(step.index, step.idea, step.outcome.value, error, result, source, step.retime_note, hidden_failed)

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validat
 # The enums live in their own module; every record module imports them from here.
 from optagent.enums import (SEVERITY, CaseKind, ClusterEngine, Device, FloorKind, Language, PlannerKind,  # noqa: F401
                             RunStatus, Status, StepOutcome, TimerKind, Word)
-from optagent.kernel_facts import KernelFacts  # noqa: F401 (a part of CaseResult, apart for its length)
+from optagent.kernel_facts import GpuFacts, KernelFacts  # noqa: F401 (parts of EvalResult and CaseResult)
 from optagent.profile_facts import CaseProfile  # noqa: F401 (likewise)
 from optagent.costs import Costs
 
@@ -146,7 +146,7 @@ class EvalResult(Record):
     cases: list[CaseResult] = Field(default_factory=list)
     wall_s: float = Field(ge=0)
     log_tail: Optional[str] = None  # candidate stderr tail, for the planner
-    gpu: Optional[dict] = None  # name, sm_count, l2_mb, bandwidth_gbs of the device measured on
+    gpu: Optional[GpuFacts] = None  # the device measured on
     isolation: Isolation = Field(default_factory=Isolation)
     costs: Optional[Costs] = None
     timer: TimerKind = TimerKind.PYTHON  # what took the timings (before it was recorded: the Python one)

@@ -1,6 +1,7 @@
-"""The shape of the package, checked from its source: no import cycle, no module over
-300 lines (kernels excepted), no private name used across modules, and the evaluator and
-planners built in one place (cli/build.py).
+"""The shape of the package, checked from its source: the floors (no import runs back up, and the two
+adapters, cli/ and outside/, never import each other), no import cycle, no module over 300 lines
+(kernels excepted), no private name used across modules, and the evaluator and planners built in one
+place (app/build.py).
 
 Every ``.py`` under agent/ is parsed with ``ast``; imports inside functions count (they
 run too, only later), imports under ``if TYPE_CHECKING:`` do not (they never run).
@@ -17,7 +18,24 @@ AGENT = Path(__file__).resolve().parents[1] / "agent"
 PACKAGE = "optagent"
 MAX_LINES = 300
 KERNELS = AGENT / "search" / "strategies"  # contest submissions: one file per kernel, long by nature
-BUILDER = "optagent.cli.build"
+BUILDER = "optagent.app.build"
+# The floors, lowest first: a module may import from its own floor and the floors below it, never above.
+# Floor 0 holds the records and contracts both sides of the process boundary share; worker/ is the child
+# side (the untrusted candidate and the trusted judge); everything above it runs in the orchestrator.
+FLOORS: list[set[str]] = [
+    {"enums", "schema", "settings", "secret_env", "integrity", "messages", "timer_records", "task", "protocols",
+     "progress", "waits", "cache", "costs", "kernel_facts", "profile_facts", ""},
+    {"worker"},
+    {"evaluation"},
+    {"runs"},
+    {"llm"},
+    {"search"},
+    {"report"},
+    {"app"},
+    {"cli", "outside"},  # the adapters: side by side, and apart (ADAPTERS)
+    {"__main__"},  # the program: the adapters' commands on one parser
+]
+ADAPTERS = ("cli", "outside")
 CONCRETE = {"SandboxEvaluator", "LocalPool", "RayPool", "LLMPlanner", "OfflinePlanner", "ReplayPlanner", "OpenAICompatLLM"}
 
 
@@ -160,7 +178,41 @@ def find_cycle(graph: dict[str, set[str]]) -> Optional[list[str]]:
     return None
 
 
+def top(module: str) -> str:
+    """A module's folder under agent/ (or its own name at the top: optagent.schema -> schema)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def floor_of(module: str, floors: list[set[str]] = FLOORS) -> int:
+    name = top(module)
+    for i, members in enumerate(floors):
+        if name in members:
+            return i
+    raise AssertionError(f"{module}: on no floor (add agent/{name} to FLOORS in tests/test_architecture.py)")
+
+
+def wrong_way(graph: dict[str, "Imports"], floors: list[set[str]] = FLOORS) -> list[str]:
+    """Every import that runs up a floor, or across between the two adapters."""
+    out = []
+    for name, imp in sorted(graph.items()):
+        for target in sorted(imp.targets):
+            a, b = top(name), top(target)
+            if floor_of(target, floors) > floor_of(name, floors):
+                out.append(f"{name} -> {target} (floor {floor_of(name, floors)} up to {floor_of(target, floors)})")
+            elif a != b and a in ADAPTERS and b in ADAPTERS:
+                out.append(f"{name} -> {target} (between the adapters)")
+    return out
+
+
 # --- the package itself ---
+
+def test_no_import_runs_back_up_a_floor():
+    graph = import_graph()
+    found = wrong_way(graph)
+    assert not found, "imports against the floor order (tests/test_architecture.py FLOORS): " + "; ".join(found)
+
+
 
 def test_no_import_cycle():
     graph = {name: imp.targets for name, imp in import_graph().items()}
@@ -238,3 +290,23 @@ def test_a_construction_outside_the_builder_is_found(tmp_path):
                             "cli/main.py": "from optagent.evaluation import evaluator as E\n"
                                            "def f(task):\n    return E.SandboxEvaluator(task, 'cpu', [])\n"})
     assert import_graph(root)["optagent.cli.main"].constructions() == ["line 3: SandboxEvaluator(...)"]
+
+
+def test_an_upward_import_and_an_import_between_the_adapters_are_found(tmp_path):
+    root = _tree(tmp_path, {
+        "__init__.py": "", "schema.py": "", "worker/__init__.py": "", "evaluation/__init__.py": "",
+        "cli/__init__.py": "", "outside/__init__.py": "",
+        "worker/judge.py": "def f():\n    from optagent.evaluation import checks\n",  # lazy, still counted
+        "evaluation/checks.py": "from optagent import schema\n",
+        "evaluation/pool.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from optagent.cli import views\n",
+        "cli/views.py": "from optagent.outside import server\n",
+        "outside/server.py": "from optagent.evaluation import checks\n",
+    })
+    assert wrong_way(import_graph(root)) == [
+        "optagent.cli.views -> optagent.outside.server (between the adapters)",
+        "optagent.worker.judge -> optagent.evaluation.checks (floor 1 up to 2)",
+    ]
+    (root / "worker" / "judge.py").write_text("from optagent import schema\n")
+    (root / "cli" / "views.py").write_text("from optagent.evaluation import checks\n")
+    import_graph.cache_clear()
+    assert wrong_way(import_graph(root)) == []

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 from jinja2 import Environment
 
-from optagent.cli.build import build_evaluator, build_planner, run_evaluator, run_limits
+from optagent.app.build import build_evaluator, build_planner, run_evaluator, run_limits
 from optagent.settings import UserError
 from optagent.cli.main import build_parser, main
 from optagent.evaluation.evaluator import SandboxEvaluator
 from optagent.messages import Job
 from optagent.schema import CaseKind, Device, EvalResult, Language, PlannerKind, RunConfig, Status
 from optagent.search.loop import Limits
-from optagent.search.store import RunStore, list_runs, read_record
+from optagent.runs.store import RunStore, list_runs, read_record
 from optagent.task import load_task
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "run_sample"
@@ -96,13 +96,13 @@ def test_run_limits_carry_the_recorded_config(task_dir):
 
 
 def test_the_width_is_recorded_and_carried_to_the_loop_and_the_pool_is_a_pool(task_dir):
-    from optagent.cli.build import build_pool
+    from optagent.app.build import build_pool
     from optagent.protocols import Pool
 
     cfg = config(load_task(task_dir), width=3)
     assert run_limits(cfg).width == 3 and RunConfig.model_validate_json(cfg.model_dump_json()).width == 3
     assert config(load_task(task_dir)).width == 1  # old configs: one candidate a round
-    from optagent.cli.build import build_evaluator
+    from optagent.app.build import build_evaluator
 
     pool = build_pool(build_evaluator(load_task(task_dir), Device.CPU, None))
     assert isinstance(pool, Pool) and pool.lanes == 1  # one timing lane on a CPU

@@ -8,11 +8,11 @@ from typing import Any, Optional
 
 import pytest
 
-from optagent.cli.build import prompt_rules
+from optagent.app.build import prompt_rules
 from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
 from optagent.evaluation.verdict import candidate_line
 from optagent.llm.feedback import Rules, error_line, failing_groups
-from optagent.protocols import Attempt, PlannerContext
+from optagent.runs.view import Attempt, PlannerContext
 from optagent.schema import CaseKind, CaseResult, Device, EvalResult, Language, RunConfig, Status
 from optagent.search.planners.llm import LEDGER_MAX, build_messages
 from optagent.task import load_task
@@ -187,10 +187,10 @@ def test_show_lists_tokens_per_request(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_gpu_facts_in_the_prompt() -> None:
-    from optagent.protocols import GpuFacts
+    from optagent.schema import GpuFacts
 
     ctx = _ctx([])
-    ctx.gpu = GpuFacts("NVIDIA H200", sm_count=132, l2_mb=60.0, bandwidth_gbs=4100.0, smem_per_sm_kb=228.0,
+    ctx.gpu = GpuFacts(name="NVIDIA H200", sm_count=132, l2_mb=60.0, bandwidth_gbs=4100.0, smem_per_sm_kb=228.0,
                        bf16_tflops=720.0)
     prompt = _user(ctx)
     assert "NVIDIA H200, 132 SMs, 60 MB L2, measured memory bandwidth 4100 GB/s, 228 KiB shared memory per SM, " \

@@ -60,7 +60,7 @@ def test_the_chosen_starters_result_is_handed_out_once():
 
 def test_known_results_are_stamped_as_the_lane_that_stands_for_their_process():
     """build_pool stamps them as local lane 0's, so a clear gain over the starter needs no re-time."""
-    from optagent.cli.build import build_pool
+    from optagent.app.build import build_pool
     from optagent.evaluation.evaluator import SandboxEvaluator
 
     task = load_task(PKG)

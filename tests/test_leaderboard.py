@@ -19,7 +19,7 @@ from optagent.report.leaderboard import CPU_TITLE, gather
 from optagent.report.board_page import render_leaderboard
 from optagent.schema import (CaseKind, CaseResult, EvalResult, Language, RunConfig, RunState, RunStatus, Status,
                              Timing)
-from optagent.search.store import RunStore
+from optagent.runs.store import RunStore
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "run_sample"
 GPU_RUN = "20260721-093012-flashattn_decode-3f9a2c"

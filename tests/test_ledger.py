@@ -14,14 +14,15 @@ import pytest
 
 from optagent.evaluation.serial_pool import SerialPool
 
-from optagent.protocols import Memory, PlannerContext
+from optagent.protocols import Memory
+from optagent.runs.view import PlannerContext
 from optagent.schema import Device, Language, PlannerKind, RunConfig, Status, StepOutcome, now
-from optagent.search.ledger import Ledger, LedgerEntry, ledger_path
+from optagent.runs.ledger import Ledger, LedgerEntry, ledger_path
 from optagent.search.loop import Limits, Loop
-from optagent.search.memory import Recall, RunMemory
+from optagent.runs.memory import Recall, RunMemory
 from optagent.search.planners.llm import build_messages
 from optagent.search.planners.memory_view import MAX_ROWS
-from optagent.search.store import RunStore
+from optagent.runs.store import RunStore
 from optagent.task import load_task
 
 from test_loop import ScriptedEvaluator, ScriptedPlanner
@@ -189,7 +190,7 @@ def test_the_llm_prompt_stays_bounded_as_the_ledger_grows():
 
 def test_a_hidden_case_failure_is_kept_as_planners_may_see_it():
     from optagent.schema import CaseKind, CaseResult, EvalResult, Step
-    from optagent.search.ledger import Bench, make_entry
+    from optagent.runs.ledger import Bench, make_entry
 
     secret = "hidden-1 (n=1000): element 17 differs"
     hidden = CaseResult(case="hidden-1", kind=CaseKind.HIDDEN, status=Status.INCORRECT, reason=secret)
@@ -202,10 +203,10 @@ def test_a_hidden_case_failure_is_kept_as_planners_may_see_it():
     assert e.reason == "a hidden integrity case failed: INCORRECT" and "element 17" not in e.model_dump_json()
     assert e.setting is None and e.status is Status.INCORRECT and e.gain is None
     # nor through the step's error (the result's reason again) in what a planner is shown of the step
-    from optagent.protocols import redact
+    from optagent.runs.view import as_attempt
     from optagent.search.planners.llm import build_messages
 
-    seen = redact(step)
+    seen = as_attempt(step)
     assert seen.error == "a hidden integrity case failed: INCORRECT" and "element 17" not in (seen.result.reason or "")
     ctx = PlannerContext("t", "T", "s", "c", Language.TRITON, "starter", "starter", None, attempts=[seen])
     assert "element 17" not in build_messages(ctx)[1]["content"]

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fake_openai import FakeOpenAI, completion  # noqa: E402
 from test_llm_planner import BAD_EDIT, GOOD, SOURCE, make_ctx  # noqa: E402
 
-from optagent.cli.build import build_planner  # noqa: E402
+from optagent.app.build import build_planner  # noqa: E402
 from optagent.cli.main import main  # noqa: E402
 from optagent.llm.client import LLMError, OpenAICompatLLM  # noqa: E402
 from optagent.llm.config import llm_settings_from_env  # noqa: E402

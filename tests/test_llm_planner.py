@@ -15,7 +15,9 @@ from optagent.llm.client import LLMError, OpenAICompatLLM, llm_settings_from_env
 from optagent.search.planners.llm import LLMPlanner, build_messages
 from optagent.search.planners.replay import ReplayPlanner
 from optagent.llm.prompts import render
-from optagent.protocols import LLM, Attempt, GpuFacts, Planner, PlannerContext, PlannerExhausted
+from optagent.protocols import LLM, Planner, PlannerExhausted
+from optagent.runs.view import Attempt, PlannerContext
+from optagent.schema import GpuFacts
 from optagent.schema import CaseKind, CaseResult, EvalResult, Language, Status
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,7 +104,7 @@ def make_ctx() -> PlannerContext:
             Attempt(3, "num_warps 4 -> 2", "NOT_BETTER", None, _result(cases=[_case("1", 11.0)])),
             Attempt(4, "swap loops", "NO_KERNEL", "SEARCH/REPLACE block 1 of 1: not found\nnearest ...", None),
         ],
-        gpu=GpuFacts("NVIDIA H200", sm_count=132, l2_mb=60.0, bandwidth_gbs=4100.0), step_index=5,
+        gpu=GpuFacts(name="NVIDIA H200", sm_count=132, l2_mb=60.0, bandwidth_gbs=4100.0), step_index=5,
     )
 
 

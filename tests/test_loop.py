@@ -11,10 +11,11 @@ from optagent.evaluation.serial_pool import SerialPool
 from optagent.search.knobs import find_knobs, set_knobs
 from optagent.search.loop import Limits, Loop
 from optagent.search.planners.offline import OfflinePlanner, run_kernel_params
-from optagent.protocols import PlannerContext, PlannerExhausted
+from optagent.protocols import PlannerExhausted
+from optagent.runs.view import PlannerContext
 from optagent.schema import (CaseKind, CaseResult, EvalResult, Language, Proposal, RunConfig, RunState, RunStatus,
                              Status, StepOutcome, Timing, Usage)
-from optagent.search.store import RunStore, new_run_id
+from optagent.runs.store import RunStore, new_run_id
 from optagent.task import load_task
 
 
@@ -317,7 +318,7 @@ def test_offline_planner_walks_knobs_then_stops():
     assert run_kernel_params(STARTER) == ["q", "k", "out"]
     ctx = PlannerContext("t", "t", "", "", Language.TRITON, STARTER, STARTER, None)
     seen = set()
-    from optagent.protocols import Attempt
+    from optagent.runs.view import Attempt
 
     for i in range(1, 100):
         try:
@@ -343,7 +344,7 @@ def test_offline_planner_finds_strategies_for_the_decode_family(task_dir):
 def test_resume_reevaluates_an_unfinished_step_behind_the_last(make_run):
     """A step record lost behind later ones (a hand edit) is evaluated again in its place; the totals and
     the next index follow the steps, and a candidate file lost with it is written back from the proposal."""
-    from optagent.search.trajectory import Trajectory
+    from optagent.runs.trajectory import Trajectory
 
     ev = ScriptedEvaluator({"starter": [100.0], "a": [50.0], "b": [120.0], "c": [130.0], "d": [140.0]})
     store, loop = make_run(ScriptedPlanner(["a", "b", "c"]), ev)

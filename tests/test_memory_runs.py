@@ -22,7 +22,7 @@ from fake_openai import FakeOpenAI
 from tiny_package import tiny_package, with_strategy
 
 from optagent.schema import RunState, Step, StepOutcome
-from optagent.search.ledger import Ledger
+from optagent.runs.ledger import Ledger
 
 LLM_ENV = ("OPTAGENT_BASE_URL", "OPTAGENT_MODEL", "OPTAGENT_API_KEY", "OPENAI_API_KEY")
 STRATEGY_IDEA = "strategy tiny_wide_blocks: one program per 4096 elements instead of one per 16"

@@ -36,7 +36,7 @@ def test_mcp_server_drives_a_run(tmp_path):
 
     pkg = tiny_package(tmp_path / "pkg")
     runs = tmp_path / "runs"
-    params = StdioServerParameters(command=sys.executable, args=["-m", "optagent.cli.main", "mcp", "--task", str(pkg),
+    params = StdioServerParameters(command=sys.executable, args=["-m", "optagent", "mcp", "--task", str(pkg),
                                                                   "--device", "cpu", "--runs-dir", str(runs)],
                                    env=_env(tmp_path))
     progress_seen: list[str] = []

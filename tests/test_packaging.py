@@ -69,7 +69,7 @@ from optagent.report import run_page as report
 from optagent.worker import harness
 from optagent.search.planners.llm import build_messages
 from optagent.search.planners.offline import STRATEGY_ROOT, load_strategies
-from optagent.protocols import PlannerContext
+from optagent.runs.view import PlannerContext
 from optagent.schema import Language
 
 site = Path({str(site)!r})

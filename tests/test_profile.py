@@ -23,7 +23,7 @@ from optagent.profile_facts import Bound, CaseProfile, ProfiledKernel, ProfileSt
 from optagent.schema import CaseKind, CaseResult, EvalResult, FloorKind, Language, Mechanism, Status
 from optagent.worker.compiler_facts import from_triton
 from optagent.search.planners.llm import build_messages
-from optagent.search.store import RunStore
+from optagent.runs.store import RunStore
 
 NOT_FOUND_LINE = "profile: ncu (Nsight Compute) was not found"
 MACHINE_PATH, MACHINE_PLACES = os.environ.get("PATH", ""), profiler.PLACES

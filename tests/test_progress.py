@@ -19,7 +19,7 @@ from optagent.cli.live import LiveProgress
 from optagent.search.loop import Limits, Loop
 from optagent.progress import Phase, Progress, Subject
 from optagent.schema import Language, RunConfig, Status
-from optagent.search.store import RunStore, new_run_id
+from optagent.runs.store import RunStore, new_run_id
 from optagent.task import load_task
 
 from test_loop import ScriptedEvaluator, ScriptedPlanner  # noqa: E402  (tests/ is on sys.path under pytest)

@@ -20,13 +20,13 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from optagent.cli.build import build_evaluator  # noqa: E402
+from optagent.app.build import build_evaluator  # noqa: E402
 from optagent.cli.main import main  # noqa: E402
 from optagent.evaluation.ray_lane import LaneSpec, pack_task, unpack_task  # noqa: E402
 from optagent.messages import Phase  # noqa: E402
 from optagent.protocols import Pool, PoolJob  # noqa: E402
 from optagent.schema import ClusterEngine, Language, RunStatus, Status, StepOutcome  # noqa: E402
-from optagent.search.store import RunStore  # noqa: E402
+from optagent.runs.store import RunStore  # noqa: E402
 from optagent.task import TaskError, load_task  # noqa: E402
 
 from tiny_package import FAST, tiny_package  # noqa: E402
@@ -192,7 +192,7 @@ def sick(plan: list[bool], counter: Path):
 
 
 def test_a_sick_actor_is_replaced_and_a_device_fault_is_checked(cluster, pkg, tmp_path):
-    from optagent.cli.build import build_lane_pool
+    from optagent.app.build import build_lane_pool
     from optagent.evaluation.ray_pool import RayPool
 
     task = load_task(pkg)

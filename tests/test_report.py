@@ -41,7 +41,7 @@ from optagent.schema import (
     Timing,
     Usage,
 )
-from optagent.search.store import RunError, RunStore
+from optagent.runs.store import RunError, RunStore
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "run_sample"
 RUN_ID = "20260721-093012-flashattn_decode-3f9a2c"

@@ -11,11 +11,12 @@ import pytest
 
 from optagent.cli.main import main
 from optagent.evaluation.serial_pool import SerialPool
-from optagent.protocols import PlannerContext, PlannerExhausted
+from optagent.protocols import PlannerExhausted
+from optagent.runs.view import PlannerContext
 from optagent.schema import Language, Proposal, RunConfig, RunStatus, Status, StepOutcome, Usage
-from optagent.search import run_files
+from optagent.runs import files as run_files
 from optagent.search.loop import Limits, Loop
-from optagent.search.store import RunStore, new_run_id
+from optagent.runs.store import RunStore, new_run_id
 from optagent.task import load_task
 from test_loop import ScriptedEvaluator  # noqa: E402  (tests/ is on sys.path under pytest)
 from tiny_package import FAST, tiny_package

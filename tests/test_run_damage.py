@@ -223,7 +223,7 @@ def test_runs_never_cuts_an_id_in_a_narrow_terminal(tmp_path, capsys, monkeypatc
 
 def hold_lock(run: Path) -> subprocess.Popen:
     """A stand-in for a driving process: holds the run's lock until killed."""
-    code = ("import sys, time; from pathlib import Path; from optagent.search.store import RunStore; "
+    code = ("import sys, time; from pathlib import Path; from optagent.runs.store import RunStore; "
             "s = RunStore(Path(sys.argv[1])); s.lock(); print('locked', flush=True); time.sleep(600)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(run)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "locked"
@@ -258,10 +258,10 @@ def test_a_running_run_whose_driver_was_killed_is_interrupted_and_resumable(tmp_
 
 
 def test_a_reader_probing_the_lock_never_makes_a_driver_fail(tmp_path):
-    from optagent.search.store import RunStore
+    from optagent.runs.store import RunStore
 
     (run,) = make_runs(tmp_path, IDS[:1])
-    code = ("import sys; from pathlib import Path; from optagent.search.store import RunStore; s = RunStore(Path(sys.argv[1]))\n"
+    code = ("import sys; from pathlib import Path; from optagent.runs.store import RunStore; s = RunStore(Path(sys.argv[1]))\n"
             "for _ in range(3000): s.driven()")
     (run / "lock").touch()
     reader = subprocess.Popen([sys.executable, "-c", code, str(run)])

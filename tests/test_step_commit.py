@@ -20,12 +20,13 @@ from pathlib import Path
 import pytest
 
 from optagent.evaluation.serial_pool import SerialPool
-from optagent.protocols import PlannerContext, PlannerExhausted
+from optagent.protocols import PlannerExhausted
+from optagent.runs.view import PlannerContext
 from optagent.schema import Language, Proposal, RunConfig, RunStatus, Status, StepOutcome, Usage
-from optagent.search import run_files
+from optagent.runs import files as run_files
 from optagent.search.loop import Limits, Loop
-from optagent.search.store import RunError, RunStore, new_run_id
-from optagent.search.trajectory import Trajectory
+from optagent.runs.store import RunError, RunStore, new_run_id
+from optagent.runs.trajectory import Trajectory
 from optagent.task import load_task
 
 HERE = Path(__file__).resolve().parent

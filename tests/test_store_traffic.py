@@ -13,10 +13,10 @@ import pytest
 
 from optagent.evaluation.serial_pool import SerialPool
 from optagent.schema import Language, Proposal, RunState, Status, StepOutcome
-from optagent.search import run_files
+from optagent.runs import files as run_files
 from optagent.search.loop import Limits, Loop
-from optagent.search.store import RunStore
-from optagent.search.trajectory import Trajectory
+from optagent.runs.store import RunStore
+from optagent.runs.trajectory import Trajectory
 from test_loop import ScriptedEvaluator, ScriptedPlanner, make_run  # noqa: F401  (tests/ is on sys.path; make_run: a fixture)
 
 STORE_READERS = ("steps", "step_source", "best", "state", "unfinished_steps", "unfinished", "proposal")

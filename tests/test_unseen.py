@@ -119,7 +119,7 @@ def test_estimated_floor_counts_every_tensor_once():
 
 
 def test_offline_planner_tries_the_launch_tile_when_the_whole_row_loses():
-    from optagent.protocols import Attempt, PlannerContext
+    from optagent.runs.view import Attempt, PlannerContext
     from optagent.search.planners.offline import OfflinePlanner
 
     src = starter("softmax", "Triton")

@@ -9,9 +9,9 @@ import pytest
 
 from optagent.evaluation.sandbox import WorkerRun
 from optagent.evaluation.verdict import assemble
-from optagent.messages import (Baseline, CaseFailed, CaseRan, CaseSpec, CaseStart, Compiled, DeviceFacts, Done, Hello,
+from optagent.messages import (Baseline, CaseFailed, CaseRan, CaseSpec, CaseStart, Compiled, Done, Hello,
                                Integrity, Job, Message, Sample, Verdict, WorkerError)
-from optagent.schema import CaseKind, EvalResult, Language, Status, Timing
+from optagent.schema import CaseKind, EvalResult, GpuFacts, Language, Status, Timing
 
 CASES = [CaseSpec(label="smoke-1", kind=CaseKind.SMOKE, params={}), CaseSpec(label="smoke-2", kind=CaseKind.SMOKE,
          params={}), CaseSpec(label="hidden-1", kind=CaseKind.HIDDEN, params={})]
@@ -96,7 +96,7 @@ def test_all_passed_carries_times_baselines_and_the_judges_errors():
 def test_cuda_runs_carry_the_gpu_facts_and_graph_times():
     msgs = all_ran()
     msgs[0] = Hello(baseline_label="flash_attn", device_name="H100",
-                    gpu=DeviceFacts(name="H100", sm_count=132, l2_mb=50.0, bandwidth_gbs=3000.0))
+                    gpu=GpuFacts(name="H100", sm_count=132, l2_mb=50.0, bandwidth_gbs=3000.0))
     msgs[msgs.index(next(m for m in msgs if isinstance(m, CaseRan)))] = ran("smoke-1", 50.0, gpu_us=40.0)
     result = evaluate(msgs, device="cuda")
     told = {"name": "H100", "sm_count": 132, "l2_mb": 50.0, "bandwidth_gbs": 3000.0}

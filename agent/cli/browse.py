@@ -11,8 +11,8 @@ from rich.table import Table
 from optagent.cli.options import add_runs_dir
 from optagent.cli.views import console, human_console, print_json
 from optagent.report.format import fmt, keep_ids_whole, print_eval
-from optagent.search.tree import best_step, lineage_text, parents
-from optagent.search.store import RunError, RunStore, list_runs, runs_dir
+from optagent.runs.tree import best_step, lineage_text, parents
+from optagent.runs.store import RunError, RunStore, list_runs, runs_dir
 
 
 def cmd_runs(a) -> int:
@@ -112,7 +112,7 @@ def cmd_leaderboard(a) -> int:
 
 
 def cmd_ledger(a) -> int:
-    from optagent.search.ledger import Ledger, ledger_files
+    from optagent.runs.ledger import Ledger, ledger_files
 
     root = runs_dir(a.runs_dir)
     if Path(a.task).is_dir():  # a package: its ledger (this digest); a name: every digest's

@@ -19,41 +19,12 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
-from optagent.progress import Phase, Progress, Subject
+from optagent.progress import Phase, Progress, describe
 
 HEARTBEAT_S = 20.0
 
-PHASE_TEXT = {
-    Phase.PROPOSING: "the planner is proposing a kernel",
-    Phase.STARTING: "starting the worker",
-    Phase.BASELINE: "timing the baseline",
-    Phase.COMPILING: "compiling",
-    Phase.CASE: "running case",
-    Phase.TIMING: "timing case",
-    Phase.JUDGING: "judging",
-    Phase.PROFILING: "profiling under ncu",
-}
-SUBJECT_TEXT = {Subject.INCUMBENT_RETIME: "re-timing the incumbent",
-                Subject.CANDIDATE_RETIME: "re-timing the candidate"}
 # Cases run and are timed in turn: in plain lines that is one stage, told once and then by heartbeats.
 STAGE = {Phase.TIMING: Phase.CASE}
-
-
-def describe(event: Progress, step_s: float, phase_s: float) -> str:
-    """'step 3: re-timing the incumbent: timing case 2/4 (smoke-2) (12 s; step 40 s)'."""
-    parts = [f"step {event.step}"] if event.step is not None else []
-    if event.subject in SUBJECT_TEXT:
-        parts.append(SUBJECT_TEXT[event.subject])
-    what = PHASE_TEXT[event.phase]
-    if event.index and event.total:
-        what += (", case" if event.phase in (Phase.BASELINE, Phase.JUDGING) else "") + \
-            f" {event.index}/{event.total} ({event.case})"
-    elif event.phase is Phase.JUDGING and event.total:
-        what += f" {event.total} case{'s' if event.total != 1 else ''}"
-    parts.append(what)
-    times = ([f"{phase_s:.0f} s"] if phase_s >= 1 else []) + \
-        ([f"{'step' if event.step is not None else 'total'} {step_s:.0f} s"] if step_s - phase_s >= 1 else [])
-    return ": ".join(parts) + (f" ({'; '.join(times)})" if times else "")
 
 
 class LiveProgress:

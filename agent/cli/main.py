@@ -8,7 +8,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 from rich.table import Table
 
@@ -19,12 +19,13 @@ from optagent.evaluation.evaluator import CaseListError
 # UserError lives in inputs so that `python -m optagent.cli.main` (cli as __main__) catches the same class
 from optagent.cli.inputs import OneLineParser
 from optagent.settings import EnvError, UserError
-from optagent.cli.build import build_evaluator, profile_notice
+from optagent.app.build import build_evaluator, profile_notice
 from optagent.cli.browse import add_browse_commands
-from optagent.cli.options import add_eval_options, resolve_device
+from optagent.app.build import resolve_device
+from optagent.cli.options import add_eval_options
 from optagent.cli.runs import add_run_commands
 from optagent.cli.step_mode import add_step_commands
-from optagent.search.store import RunError
+from optagent.runs.store import RunError
 from optagent.task import TaskError, detect_language, extract_code, load_task
 from optagent.cli.views import console, human_console, print_json
 from optagent.report.format import print_eval
@@ -121,7 +122,8 @@ def cmd_eval(a) -> int:
     return 0 if result.status is Status.PASSED else 1
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(extra: Sequence[Callable[[argparse._SubParsersAction], None]] = ()) -> argparse.ArgumentParser:
+    """Every command of the CLI; extra: other adapters' commands (optagent/__main__.py adds `mcp`)."""
     p = OneLineParser(prog="optagent", description="Make a contest kernel fast, with an LLM in the loop.")
     p.add_argument("--version", action="version", version=f"optagent {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -157,13 +159,16 @@ def build_parser() -> argparse.ArgumentParser:
     from optagent.cli.report import add_report_commands
 
     add_report_commands(sub)
+    for add in extra:
+        add(sub)
     return p
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None,
+         extra: Sequence[Callable[[argparse._SubParsersAction], None]] = ()) -> int:
     if argv is None:  # the real command line, not a caller's: keys out of /proc/<pid>/environ (re-executes)
         hide_secrets()
-    parser = build_parser()
+    parser = build_parser(extra)
     a = parser.parse_args(argv)
     err = console(stderr=True)
     try:

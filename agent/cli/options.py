@@ -15,15 +15,6 @@ from optagent.search.loop import Limits
 REQUEST_TIMEOUT_S = RunConfig.model_fields["request_timeout_s"].default
 
 
-def resolve_device(arg: Optional[str]) -> Device:
-    """--device, or cuda when a GPU is visible, else cpu."""
-    from optagent.evaluation.sandbox import gpu_visible
-
-    if arg:
-        return Device(arg)
-    return Device.CUDA if gpu_visible() else Device.CPU
-
-
 def add_eval_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=[d.value for d in Device], help="default: cuda when a GPU is visible, else cpu")
     p.add_argument("--cases", help="contest cases to run, e.g. 1,3-5 (default: all on GPU, smoke cases on CPU)")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from optagent.cli.views import console
 from optagent.report.run_page import render_run_report
-from optagent.search.store import RunStore, atomic_write, runs_dir
+from optagent.runs.store import RunStore, atomic_write, runs_dir
 
 
 def cmd_report(a) -> int:

@@ -11,11 +11,12 @@ import argparse
 
 from rich.table import Table
 
-from optagent.cli.build import build_evaluator, profile_notice
-from optagent.cli.options import add_profile_option, add_runs_dir, resolve_device
+from optagent.app.build import build_evaluator, profile_notice
+from optagent.app.build import resolve_device
+from optagent.cli.options import add_profile_option, add_runs_dir
 from optagent.cli.views import human_console, print_json
 from optagent.report.format import fmt
-from optagent.search.store import RunError, RunStore, runs_dir
+from optagent.runs.store import RunError, RunStore, runs_dir
 from optagent.task import load_task
 
 

@@ -16,7 +16,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from optagent.schema import RunConfig, RunState, RunStatus
-from optagent.search.store import RunError, RunStore
+from optagent.runs.store import RunError, RunStore
 from optagent.report.format import fmt
 
 DAMAGED = "DAMAGED"  # shown in place of a status: the run cannot be read whole

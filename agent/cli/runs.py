@@ -6,17 +6,17 @@ import argparse
 import time
 from pathlib import Path
 
-from optagent.cli.build import (build_evaluator, build_planner, build_pool, check_cluster, profile_notice,
-                                run_evaluator, run_limits, run_memory)
+from optagent.app.build import build_evaluator, build_pool, profile_notice, run_evaluator
+from optagent.app.runs import RunRequest, create_run, drive, hand_over, preflight
 from optagent.cli.language import pick_language
-from optagent.settings import UserError, settings
+from optagent.settings import UserError
+from optagent.app.build import resolve_device
 from optagent.cli.options import (add_eval_options, add_limit_options, add_planner_options, add_pool_options,
-                                  add_runs_dir, resolve_device)
+                                  add_runs_dir)
 from optagent.protocols import Evaluator, Planner, Pool
 from optagent.profile_facts import ProfileStatus
-from optagent.schema import ClusterEngine, Device, PlannerKind, RunConfig, RunState, RunStatus, Step
-from optagent.search.loop import Loop
-from optagent.search.store import RunError, RunStore, new_run_id, runs_dir
+from optagent.schema import ClusterEngine, Device, PlannerKind, RunState, RunStatus, Step
+from optagent.runs.store import RunError, RunStore, runs_dir
 from optagent.task import TaskPackage, load_task
 from optagent.cli.views import console, human_console, print_json
 from optagent.report.format import STATUS_STYLE, fmt, isolation_line, ratio
@@ -51,26 +51,14 @@ def _progress(con, t0: float, live=None):
     return on_step
 
 
-def _preflight(task: TaskPackage, config: RunConfig):
-    """Everything step 0 would otherwise find out the slow way; returns the run's planner."""
-    from optagent.evaluation.evaluator import probe_task
-
-    settings()  # every OPTAGENT_* value checked before the run starts
-    check_cluster(config)  # Ray missing: one line before the run exists
-    planner = build_planner(config, task)  # an LLM endpoint is checked here: milliseconds, the probe takes seconds
-    probe_task(task, cached=True)  # a package that does not load is a TaskError; only a good probe is cached
-    return planner
-
-
 def _drive(store: RunStore, task: TaskPackage, a, con, planner: Planner, evaluator: Evaluator, pool: Pool) -> int:
-    """Runs the loop on `pool` (built over `evaluator`), and closes it."""
+    """Runs the loop on `pool` (built over `evaluator`) with the step lines and the live status line."""
     from optagent.cli.live import LiveProgress
 
     cfg = store.config
-    live = None
-    try:
-        store.lock()
-        live = None if a.quiet else LiveProgress(console(stderr=True))
+    live = None if a.quiet else LiveProgress(console(stderr=True))
+
+    def started(memory) -> None:
         con.print(f"run {store.path.name}: {task.name}, {cfg.language.value} on {cfg.device.value}, planner "
                   f"{planner.name}{' (' + planner.model + ')' if planner.model else ''}", soft_wrap=True)
         if cfg.device is Device.CPU:
@@ -80,15 +68,14 @@ def _drive(store: RunStore, task: TaskPackage, a, con, planner: Planner, evaluat
         con.print(isolation_line(evaluator.planned_isolation), soft_wrap=True)
         if cfg.profile:
             con.print(profile_notice(evaluator), markup=False, soft_wrap=True)
-        memory = run_memory(store)
         con.print(memory.summary(), markup=False, soft_wrap=True)
-        state = Loop(store, task, planner, pool, run_limits(cfg),
-                     _progress(con, time.monotonic(), live), progress=live, memory=memory).run()
+
+    try:
+        state = drive(store, task, planner, pool, on_step=_progress(con, time.monotonic(), live), progress=live,
+                      on_start=started).state
     finally:
         if live is not None:
             live.close()
-        pool.close()
-        store.unlock()
     best = store.best()
     outcome = f"{state.status.value}: {state.reason or 'stopped'}. {state.steps} step{'s' * (state.steps != 1)}"
     if best:
@@ -122,26 +109,23 @@ def cmd_run(a) -> int:
                       "using the built-in offline planner", soft_wrap=True)
     if planner is PlannerKind.REPLAY and not a.replay:
         raise UserError("--planner replay needs --replay FILE")
-    settings = llm_settings_from_env(a.base_url, a.model) if planner is PlannerKind.LLM else None
-    # an outside agent decides when its run ends: the loop's patience would refuse its next round
-    patience = a.max_steps + 1 if planner is PlannerKind.EXTERNAL else a.patience
-    config = RunConfig(run_id=new_run_id(task.name), task_dir=str(task.root), task_name=task.name,
-                       task_digest=task.digest(), language=language, language_reason=why, device=device,
-                       planner=planner,
-                       model=settings.model if settings else None, base_url=settings.base_url if settings else None,
-                       replay_file=str(Path(a.replay).resolve()) if a.replay else None, compiler=a.compiler,
-                       request_timeout_s=a.request_timeout, max_tokens=int(a.max_tokens) if a.max_tokens else None,
-                       temperature=a.temperature, cases=a.cases, hidden=not a.no_hidden, fresh=a.fresh,
-                       profile=a.profile, timeout_s=a.timeout, min_gain=a.min_gain, patience=patience,
-                       max_steps=a.max_steps, width=a.width, time_limit_s=a.time_limit, budget_usd=a.budget_usd,
-                       **_cluster(a.cluster))
+    llm = llm_settings_from_env(a.base_url, a.model) if planner is PlannerKind.LLM else None
+    engine, address = a.cluster or (ClusterEngine.LOCAL, None)
+    config = RunRequest(
+        device=device, planner=planner, language=language, language_reason=why,
+        model=llm.model if llm else None, base_url=llm.base_url if llm else None,
+        replay_file=str(Path(a.replay).resolve()) if a.replay else None, compiler=a.compiler,
+        request_timeout_s=a.request_timeout, max_tokens=int(a.max_tokens) if a.max_tokens else None,
+        temperature=a.temperature, cases=a.cases, hidden=not a.no_hidden, fresh=a.fresh, profile=a.profile,
+        timeout_s=a.timeout, min_gain=a.min_gain, patience=a.patience, max_steps=a.max_steps, width=a.width,
+        time_limit_s=a.time_limit, budget_usd=a.budget_usd, cluster=engine, cluster_address=address).config(task)
     evaluator = run_evaluator(config, task)  # a bad --cases fails before a run exists
     root = runs_dir(a.runs_dir)
-    planner = _preflight(task, config)
+    planner = preflight(task, config)
     known = {(task.starter(language).source, language): starters[language]} if language in starters else {}
     pool = build_pool(evaluator, a.jobs, known, config)  # a cluster that cannot evaluate fails here, before the run
     try:
-        store = RunStore.create(root, config, task.starter(language).source)
+        store = create_run(root, task, config)
     except BaseException:
         pool.close()
         raise
@@ -158,43 +142,10 @@ def cmd_resume(a) -> int:
     if task.digest() != cfg.task_digest and not a.force:
         raise RunError(f"{task.root}: the task package changed since run {cfg.run_id} started "
                        "(resume with --force to continue anyway)")
-    cfg = _handed_over(store, cfg, task, a)
-    planner, evaluator = _preflight(task, cfg), run_evaluator(cfg, task)
+    cfg = hand_over(store, task, planner=PlannerKind(a.planner) if a.planner else None, replay=a.replay,
+                    base_url=a.base_url, model=a.model, cluster=a.cluster)
+    planner, evaluator = preflight(task, cfg), run_evaluator(cfg, task)
     return _drive(store, task, a, human_console(a), planner, evaluator, build_pool(evaluator, a.jobs, None, cfg))
-
-
-def _handed_over(store: RunStore, cfg: RunConfig, task: TaskPackage, a) -> RunConfig:
-    """resume --planner/--task: the run goes on with another planner, or from the package's new place."""
-    from optagent.llm.config import llm_settings_from_env
-
-    changes: dict = {}
-    if a.cluster is not None and _cluster(a.cluster) != _cluster((cfg.cluster, cfg.cluster_address)):
-        changes.update(_cluster(a.cluster))
-    if a.task is not None and str(task.root) != cfg.task_dir:
-        changes["task_dir"] = str(task.root)
-    if a.planner is not None and PlannerKind(a.planner) is not cfg.planner:
-        kind = PlannerKind(a.planner)
-        if kind is PlannerKind.AUTO:
-            raise UserError("resume --planner: name the planner (llm, offline, replay or external)")
-        settings = llm_settings_from_env(a.base_url, a.model) if kind is PlannerKind.LLM else None
-        if kind is PlannerKind.REPLAY and not a.replay:
-            raise UserError("--planner replay needs --replay FILE")
-        changes.update(planner=kind, model=settings.model if settings else None,
-                       base_url=settings.base_url if settings else None,
-                       replay_file=str(Path(a.replay).resolve()) if a.replay else None)
-        if kind is PlannerKind.EXTERNAL:
-            changes["patience"] = cfg.max_steps + 1
-    if changes:
-        cfg = cfg.model_copy(update=changes)
-        check_cluster(cfg)  # Ray missing: the run's config stays as it was
-        store.save_config(cfg)
-    return cfg
-
-
-def _cluster(option) -> dict:
-    """RunConfig's fields for a --cluster value (None: this host's pool)."""
-    engine, address = option or (ClusterEngine.LOCAL, None)
-    return dict(cluster=engine, cluster_address=address)
 
 
 def add_run_commands(sub: argparse._SubParsersAction) -> None:

@@ -1,9 +1,10 @@
-"""Step mode for outside agents that prefer a shell, and the MCP server that offers the same.
+"""Step mode for outside agents that prefer a shell.
 
     optagent run TASK --planner external     create the run, evaluate the starter, return
     optagent propose RUN FILE... [--idea T]   evaluate the files as one round, print the feedback
     optagent feedback RUN                     print what a planner would be shown next
-    optagent mcp [--task DIR]...              the same operations as MCP tools, over stdio
+
+(`optagent mcp`, the same operations as MCP tools over stdio, is the MCP adapter's: outside/command.py.)
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ import argparse
 from pathlib import Path
 
 from optagent.settings import UserError
-from optagent.cli.options import add_runs_dir, resolve_device
+from optagent.cli.options import add_runs_dir
 from optagent.cli.views import human_console, print_json
-from optagent.outside.operations import OutsideError, Scope
-from optagent.outside.runs import Feedback
-from optagent.search.store import RunStore, runs_dir
+from optagent.app.operations import OutsideError, Scope
+from optagent.app.steps import Feedback
+from optagent.runs.store import RunStore, runs_dir
 
 
 def _scope_of_run(a) -> Scope:
@@ -64,7 +65,7 @@ def _read_sources(files: list[str]) -> list[str]:
 
 
 def cmd_propose(a) -> int:
-    from optagent.outside.runs import propose
+    from optagent.app.steps import propose
 
     sources = _read_sources(a.files)
     ideas = a.idea or None
@@ -77,29 +78,12 @@ def cmd_propose(a) -> int:
 
 
 def cmd_feedback(a) -> int:
-    from optagent.outside.runs import feedback
+    from optagent.app.steps import feedback
 
     try:
         return _print(a, feedback(_scope_of_run(a), a.run_id))
     except OutsideError as e:
         raise UserError(str(e)) from None
-
-
-def cmd_mcp(a) -> int:
-    try:
-        from optagent.outside.mcp_server import serve
-    except ImportError as e:
-        raise UserError(f"optagent mcp needs the MCP SDK: pip install 'optagent[mcp]' ({e})") from None
-    tasks = [Path(t) for t in a.task] or sorted(p.parent for p in Path("tasks").glob("*/xpuoj_problem"))
-    if not tasks:
-        raise UserError("optagent mcp: no task package to offer (pass --task DIR, once per package)")
-    for t in tasks:
-        if not t.is_dir():
-            raise UserError(f"--task {t}: no such directory")
-    scope = Scope(tasks=[t.resolve() for t in tasks], runs_dir=runs_dir(a.runs_dir).resolve(),
-                  device=resolve_device(a.device) if a.device else None)
-    serve(scope)
-    return 0
 
 
 def add_step_commands(sub: argparse._SubParsersAction) -> None:
@@ -121,10 +105,3 @@ def add_step_commands(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--json", action="store_true")
     add_runs_dir(f)
     f.set_defaults(fn=cmd_feedback)
-
-    m = sub.add_parser("mcp", help="serve optagent's tools to an outside agent over MCP (stdio)")
-    m.add_argument("--task", action="append", default=[], help="a task package to offer (repeatable; "
-                   "default: every package under ./tasks)")
-    m.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when a GPU is visible, else cpu")
-    add_runs_dir(m)
-    m.set_defaults(fn=cmd_mcp)

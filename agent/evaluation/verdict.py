@@ -105,7 +105,7 @@ def assemble(job: Job, run: WorkerRun, judge: JudgeRunner, *, source_sha256: str
                   isolation=isolation or run.isolation, timer=TimerKind.NATIVE if job.timer else TimerKind.PYTHON,
                   device_name=hello.device_name if hello else None,
                   baseline_label=hello.baseline_label if hello else None,
-                  gpu=hello.gpu.model_dump() if hello and hello.gpu else None)
+                  gpu=hello.gpu if hello else None)
 
     def result(status: Status, reason: Optional[str], cases: list[CaseResult]) -> EvalResult:
         return EvalResult(status=status, reason=reason, cases=cases, wall_s=time.monotonic() - started, **common)

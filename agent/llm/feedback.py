@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from optagent.protocols import Attempt
+from optagent.runs.view import Attempt
 from optagent.schema import EvalResult, Status, StepOutcome
 
 WINDOW = 4  # source lines shown either side of the line an error names

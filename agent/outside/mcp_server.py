@@ -18,8 +18,8 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
-from optagent.outside import operations as ops
-from optagent.outside import runs as run_ops
+from optagent.app import operations as ops
+from optagent.app import steps as run_ops
 from optagent.progress import Progress
 
 T = TypeVar("T")
@@ -46,7 +46,7 @@ def build_server(scope: ops.Scope) -> MCPServer:
 
     async def blocking(ctx: Context, work: Callable[[Optional[Callable[[Progress], None]]], T]) -> T:
         """Runs work(progress) in a thread; its progress events become MCP progress notifications."""
-        from optagent.cli.live import describe
+        from optagent.progress import describe
 
         started, count = time.monotonic(), 0
 

@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 from optagent.schema import Device, EvalResult, RunConfig
-from optagent.search.store import RunError, list_runs, unified_diff
-from optagent.search.tree import best_step, lineage
+from optagent.runs.store import RunError, list_runs, unified_diff
+from optagent.runs.tree import best_step, lineage
 from optagent.report.format import fmt, keep_ids_whole
 
 

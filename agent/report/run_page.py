@@ -18,8 +18,8 @@ from markupsafe import Markup
 
 from optagent import __version__
 from optagent.schema import Device, EvalResult, Language, StepOutcome
-from optagent.search.tree import lineage
-from optagent.search.store import RunStore, read_text, unified_diff
+from optagent.runs.tree import lineage
+from optagent.runs.store import RunStore, read_text, unified_diff
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 

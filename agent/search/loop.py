@@ -19,12 +19,13 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from optagent.progress import Phase, Progress, ProgressSink, Subject
-from optagent.protocols import Memory, Planner, PlannerContext, PlannerExhausted, PlannerWaiting, Pool, PoolJob
+from optagent.protocols import Memory, Planner, PlannerExhausted, PlannerWaiting, Pool, PoolJob
 from optagent.schema import BestRef, EvalResult, Proposal, RunState, RunStatus, Step, StepOutcome, now
+from optagent.runs import view
 from optagent.search import accept, rounds
 from optagent.search.accept import CLEAR_GAIN, noise  # noqa: F401 (re-exported)
-from optagent.search.store import RunStore
-from optagent.search.trajectory import Best, Trajectory
+from optagent.runs.store import RunStore
+from optagent.runs.trajectory import Best, Trajectory
 from optagent.task import TaskPackage
 
 
@@ -137,7 +138,7 @@ class Loop:
         start, round_no = traj.next_index, traj.next_round
         if self.progress:
             self.progress(Progress(phase=Phase.PROPOSING, step=start))
-        ctxs = rounds.contexts(self.task, self.config, traj, start, rounds.round_parents(traj, self.config, width),
+        ctxs = view.contexts(self.task, self.config, traj, start, rounds.round_parents(traj, self.config, width),
                                self._recall())
         batch: list[tuple[int, Proposal]] = []
         exhausted, waiting = "the planner has nothing more to try", None
@@ -255,14 +256,6 @@ class Loop:
         if streak >= self.limits.patience:
             raise Converged(f"no gain >= {self.limits.min_gain:.0%} in {streak} steps")
 
-    def next_context(self) -> PlannerContext:
-        """What the planner would be given next (outside agents read it; the run need not be driven)."""
-        if self.trajectory is None:
-            self.trajectory = Trajectory.load(self.store)
-        traj = self.trajectory
-        parents = rounds.round_parents(traj, self.config, 1)
-        return rounds.contexts(self.task, self.config, traj, traj.next_index, parents, self._recall())[0]
-
     def _recall(self):
         return self.memory.recall() if self.memory else None
 
@@ -292,6 +285,4 @@ class Loop:
         self.state = self.state.model_copy(update={**self._totals(), "updated_at": now()})
         self.store.save_state(self.state)
         if step.outcome is not StepOutcome.PENDING:  # a PENDING step is shown once decided
-            if self.memory:  # after the commit: a kill in between is repaired by the next run's backfill
-                self.memory.record(step)
             self.on_step(step, self.state)

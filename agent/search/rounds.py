@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from optagent.protocols import Attempt, Planner, PlannerContext, PlannerExhausted, RoundPlanner, SlotOutcome
+from optagent.protocols import Planner, PlannerExhausted, RoundPlanner, SlotOutcome
+from optagent.runs.view import PlannerContext
 from optagent.schema import Device, RunConfig, StepOutcome
 from optagent.search.parents import Node, choose_parents
-from optagent.search.trajectory import Trajectory
-from optagent.search.tree import lineage, parents as tree_parents
-from optagent.task import TaskPackage
+from optagent.runs.trajectory import Trajectory
 
 NODES = (StepOutcome.BASELINE, StepOutcome.ACCEPTED, StepOutcome.NOT_BETTER, StepOutcome.PASSED)
 
@@ -35,35 +34,6 @@ def round_parents(traj: Trajectory, config: RunConfig, width: int) -> list[Optio
         return [None] * width
     return list(choose_parents(nodes(traj), best, width, config.run_id, traj.next_round,
                                cpu=config.device is Device.CPU or traj.best.result.on_cpu))
-
-
-def contexts(task: TaskPackage, config: RunConfig, traj: Trajectory, start: int,
-             parents: list[Optional[int]], memory=None) -> list[PlannerContext]:
-    """Each slot's context; memory is what the task's ledger recalls (the same for every slot)."""
-    attempts: dict[int, Attempt] = {a.index: a for a in traj.attempts}
-    incumbent = traj.best
-    up = tree_parents(traj.steps)
-    out = []
-    for slot, parent in enumerate(parents):
-        source, result, chain, siblings = traj.starter, None, [], []
-        if incumbent is not None and parent == incumbent.step:
-            source, result = incumbent.source, incumbent.result
-        elif parent is not None:
-            source, result = traj.sources.get(parent) or traj.starter, attempts[parent].result
-        if parent is not None:
-            chain = [attempts[s.index] for s in lineage(traj.steps, parent)]
-            siblings = [a for a in traj.attempts if up.get(a.index) == parent]
-        out.append(PlannerContext(
-            task_name=task.name, title=task.title, statement=task.statement,
-            contract=task.contracts.get(config.language, ""), language=config.language,
-            starter_source=traj.starter, best_source=source, best_result=result,
-            attempts=list(traj.attempts), gpu=traj.gpu_facts(), step_index=start + slot,
-            parent_step=parent, incumbent_step=incumbent.step if incumbent else None,
-            incumbent_result=incumbent.result if incumbent else None,
-            lineage=chain, siblings=siblings,
-            slot=slot, width=len(parents), round_parents=[p for p in parents if p is not None],
-            on_cpu=config.device is Device.CPU, memory=memory))
-    return out
 
 
 def propose_all(planner: Planner, ctxs: list[PlannerContext]) -> list[SlotOutcome]:

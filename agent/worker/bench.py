@@ -20,7 +20,7 @@ import torch
 
 from optagent.worker import host_speed
 from optagent.cache import cache_root, write_json
-from optagent.schema import Device
+from optagent.schema import Device, GpuFacts
 
 # Bound now: a candidate that patches torch.cuda.Event or time.perf_counter later
 # does not touch these, and integrity() notices the patch.
@@ -286,9 +286,9 @@ def measured_matmul_tflops() -> float:
     return _measured_once("matmul.json", measure)
 
 
-def gpu_facts() -> dict:
+def gpu_facts() -> GpuFacts:
     p = torch.cuda.get_device_properties(0)
-    return {"name": p.name, "sm_count": p.multi_processor_count,
-            "l2_mb": getattr(p, "L2_cache_size", 0) / 2**20, "bandwidth_gbs": measured_bandwidth_gbs(),
-            "smem_per_sm_kb": getattr(p, "shared_memory_per_multiprocessor", 0) / 1024 or None,
-            "bf16_tflops": measured_matmul_tflops()}
+    return GpuFacts(name=p.name, sm_count=p.multi_processor_count,
+                    l2_mb=getattr(p, "L2_cache_size", 0) / 2**20, bandwidth_gbs=measured_bandwidth_gbs(),
+                    smem_per_sm_kb=getattr(p, "shared_memory_per_multiprocessor", 0) / 1024 or None,
+                    bf16_tflops=measured_matmul_tflops())

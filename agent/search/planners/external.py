@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from optagent.protocols import PlannerContext, PlannerWaiting
+from optagent.protocols import PlannerWaiting
+from optagent.runs.view import PlannerContext
 from optagent.schema import PlannerKind, Proposal
 
 

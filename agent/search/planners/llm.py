@@ -19,7 +19,8 @@ from optagent.llm.replies import NoKernelError, extract_idea
 from optagent.llm.profile_view import profile_rows
 from optagent.llm.prompts import render
 from optagent.search.planners.memory_view import memory_view
-from optagent.protocols import LLM, Attempt, PlannerContext
+from optagent.protocols import LLM
+from optagent.runs.view import Attempt, PlannerContext
 from optagent.schema import EvalResult, Language, PlannerKind, Proposal, StepOutcome, Usage
 
 RECENT_ATTEMPTS = 5  # attempts shown in detail; older ones only in the ledger

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from optagent.schema import Status
-from optagent.search.ledger import LedgerEntry
-from optagent.search.memory import Recall, describe_bench
+from optagent.runs.ledger import LedgerEntry
+from optagent.runs.memory import Recall, describe_bench
 
 MAX_BENCHES = 3
 MAX_ROWS = 12

@@ -10,7 +10,8 @@ import json
 from pathlib import Path
 from typing import Optional, Union
 
-from optagent.protocols import PlannerContext, PlannerExhausted
+from optagent.protocols import PlannerExhausted
+from optagent.runs.view import PlannerContext
 from optagent.schema import PlannerKind, Proposal
 from optagent.search.planners.llm import proposal_from_reply
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 import bisect
 from typing import NamedTuple, Optional
 
-from optagent.protocols import Attempt, GpuFacts, redact
+from optagent.runs.view import Attempt, as_attempt
+from optagent.schema import GpuFacts
 from optagent.schema import BestRef, EvalResult, Proposal, Step, StepOutcome, Usage
-from optagent.search.store import RunStore
-from optagent.search.tree import KEEPS_BEST
+from optagent.runs.store import RunStore
+from optagent.runs.tree import KEEPS_BEST
 
 # A candidate that counts as progress for --patience: accepted. On the CPU nothing is accepted on a timing
 # (accept.py), so a CPU run stops --patience candidates after its first passing kernel: every strategy
@@ -46,7 +47,7 @@ class Trajectory:
         self.best_ref: Optional[BestRef] = None  # the best named by the latest commit that changed it
         self.candidates = 0  # steps after the starter
         self.streak = 0  # candidates since the last accepted one
-        self.gpu: Optional[dict] = None  # the latest measured device's facts
+        self.gpu: Optional[GpuFacts] = None  # the latest measured device's facts
         self.children: dict[int, int] = {}  # step -> how many finished steps were derived from it
         self.last_round: Optional[int] = None
 
@@ -81,7 +82,7 @@ class Trajectory:
     def _append(self, step: Step, source: Optional[str]) -> None:
         self.steps.append(step)
         self.sources[step.index] = source
-        self.attempts.append(redact(step, source))
+        self.attempts.append(as_attempt(step, source))
         self.usage = self.usage + step.usage
         # the parent as tree.parents reads it: runs before rounds built on the best of their time
         parent = step.parent if step.round is not None else (self.best_step if step.index > 0 else None)
@@ -122,4 +123,4 @@ class Trajectory:
         return self.best.result.geomean_speedup if self.best else None
 
     def gpu_facts(self) -> Optional[GpuFacts]:
-        return GpuFacts(**self.gpu) if self.gpu else None
+        return self.gpu

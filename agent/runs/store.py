@@ -41,10 +41,10 @@ from typing import Iterator, Optional
 from pydantic import BaseModel
 
 from optagent.schema import EvalResult, Language, Proposal, RunConfig, RunState, Step
-from optagent.search import run_files
+from optagent.runs import files as run_files
 # Re-exported: readers of runs (report, leaderboard, cli) import them from here.
 from optagent.settings import RUNS_DIR_ENV, settings
-from optagent.search.run_files import RunError, atomic_write, read_record, read_text, unified_diff
+from optagent.runs.files import RunError, atomic_write, read_record, read_text, unified_diff
 
 __all__ = ["RunError", "RunStore", "atomic_write", "list_runs", "new_run_id", "read_record", "read_text",
            "runs_dir", "unified_diff"]

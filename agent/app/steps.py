@@ -12,10 +12,12 @@ from typing import Optional
 
 from pydantic import BaseModel
 
-from optagent.outside.operations import OutsideError, Scope, device_of, language_of, render
+from optagent.app.operations import OutsideError, Scope, device_of, language_of, render
 from optagent.progress import ProgressSink
-from optagent.schema import (PlannerKind, Proposal, RunConfig, RunStatus, Status, Step, StepOutcome)
-from optagent.search.store import RunError, RunStore, new_run_id
+from optagent.app.runs import RunRequest, create_run, drive, next_prompt
+from optagent.schema import PlannerKind, Proposal, RunState, RunStatus, Status, Step, StepOutcome
+from optagent.settings import UserError
+from optagent.runs.store import RunError, RunStore
 from optagent.task import TaskPackage
 
 RunOpError = OutsideError  # one error type for every outside operation
@@ -109,65 +111,37 @@ def open_run(scope: Scope, run_id: str) -> tuple[RunStore, TaskPackage]:
     return store, task
 
 
-def _drive(store: RunStore, task: TaskPackage, proposals: list[Proposal], progress: Optional[ProgressSink]):
-    from optagent.cli.build import build_pool, run_evaluator, run_limits, run_memory
-    from optagent.settings import UserError
-    from optagent.search.loop import Loop
+def _drive(store: RunStore, task: TaskPackage, proposals: list[Proposal], progress: Optional[ProgressSink]) -> Feedback:
+    """The agent's round (none: the starter only) through the run's loop, and what a planner is told next."""
+    from optagent.app.build import build_pool, run_evaluator
     from optagent.search.planners.external import ExternalPlanner
 
     cfg = store.config
-    before = {s.index for s in store.steps()}
+    try:  # a run recorded with --cluster ray stays on Ray
+        pool = build_pool(run_evaluator(cfg, task), config=cfg)
+    except UserError as e:  # Ray missing, or the cluster unreachable: the agent is told, in one line
+        raise OutsideError(f"run {cfg.run_id}: {e}") from None
     try:
-        store.lock()
+        driven = drive(store, task, ExternalPlanner(proposals), pool, progress=progress,
+                       width=max(1, len(proposals)))  # the agent's sources are one round
     except RunError as e:
         raise OutsideError(str(e)) from None
-    pool = None
-    try:
-        limits = run_limits(cfg)
-        limits.width = max(1, len(proposals))  # the agent's sources are one round
-        try:  # a run recorded with --cluster ray stays on Ray
-            pool = build_pool(run_evaluator(cfg, task), config=cfg)
-        except UserError as e:  # Ray missing, or the cluster unreachable: the agent is told, in one line
-            raise OutsideError(f"run {cfg.run_id}: {e}") from None
-        loop = Loop(store, task, ExternalPlanner(proposals), pool, limits, progress=progress,
-                    memory=run_memory(store))
-        state = loop.run()
-    finally:
-        if pool is not None:
-            pool.close()
-        store.unlock()
-    steps = loop.trajectory.steps
-    new = [s for s in steps if s.index not in before]
-    return state, new, loop
+    return _feedback(store, task, driven.state, driven.new_steps)
 
 
-def _feedback(store: RunStore, state, new: list[Step], loop) -> Feedback:
-    from optagent.cli.build import prompt_rules
-    from optagent.search.planners.llm import build_messages
-
-    # the rules the LLM planner states (the judge's tolerance, the accept rule): without them the agent's
-    # prompt told neither (seen on the H200)
-    prompt = build_messages(loop.next_context(), rules=prompt_rules(store.config, loop.task))[1]["content"]
+def _feedback(store: RunStore, task: TaskPackage, state: RunState, new: list[Step]) -> Feedback:
     return Feedback(run_id=store.config.run_id, status=state.status, reason=state.reason, best_step=state.best_step,
                     best_geomean_speedup=state.best_geomean_speedup,
                     best_changed=any(s.outcome in (StepOutcome.ACCEPTED, StepOutcome.BASELINE) for s in new),
-                    steps=[view(s) for s in new], next_prompt=prompt)
+                    steps=[view(s) for s in new], next_prompt=next_prompt(store, task))
 
 
 def start_run(scope: Scope, task_name: str, language: Optional[str], max_steps: int,
               progress: Optional[ProgressSink] = None) -> Feedback:
-    from optagent.evaluation.evaluator import TIMEOUT_S
-
     task = scope.task(task_name)
-    lang = language_of(task, language)
-    config = RunConfig(run_id=new_run_id(task.name), task_dir=str(task.root), task_name=task.name,
-                       task_digest=task.digest(), language=lang, device=device_of(scope),
-                       planner=PlannerKind.EXTERNAL, timeout_s=TIMEOUT_S, min_gain=0.01,
-                       # the agent decides when to stop: no patience limit of the loop's own
-                       patience=max_steps + 1, max_steps=max_steps)
-    store = RunStore.create(scope.runs_dir, config, task.starter(lang).source)
-    state, new, loop = _drive(store, task, [], progress)
-    return _feedback(store, state, new, loop)
+    config = RunRequest(device=device_of(scope), planner=PlannerKind.EXTERNAL, language=language_of(task, language),
+                        max_steps=max_steps).config(task)
+    return _drive(create_run(scope.runs_dir, task, config), task, [], progress)
 
 
 def propose(scope: Scope, run_id: str, sources: list[str], ideas: Optional[list[str]] = None,
@@ -192,23 +166,16 @@ def propose(scope: Scope, run_id: str, sources: list[str], ideas: Optional[list[
     proposals = [Proposal(source=s, idea=(ideas[i] if ideas else f"outside agent's kernel {i + 1}").strip()
                           or "(no idea given)", parent=parent)
                  for i, s in enumerate(sources)]
-    state, new, loop = _drive(store, task, proposals, progress)
-    return _feedback(store, state, new, loop)
+    return _drive(store, task, proposals, progress)
 
 
 def feedback(scope: Scope, run_id: str) -> Feedback:
     """What a planner would be shown next, without evaluating anything."""
-    from optagent.cli.build import run_memory
-    from optagent.search.loop import Loop
-    from optagent.search.planners.external import ExternalPlanner
-
     store, task = open_run(scope, run_id)
-    loop = Loop(store, task, ExternalPlanner(), None, None,  # type: ignore[arg-type]  # reads, never evaluates
-                memory=run_memory(store))
     state = store.state()
     if state is None:
         raise OutsideError(f"{store.path}: the run has no state yet (its starter was never evaluated)")
-    return _feedback(store, state, [], loop)
+    return _feedback(store, task, state, [])
 
 
 def run_status(scope: Scope, run_id: str) -> RunStatusView:

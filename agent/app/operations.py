@@ -131,7 +131,7 @@ def task_info(scope: Scope, task_name: str, language: Optional[str] = None) -> T
 
 
 def device_of(scope: Scope) -> Device:
-    from optagent.cli.options import resolve_device
+    from optagent.app.build import resolve_device
 
     return scope.device or resolve_device(None)
 
@@ -139,7 +139,7 @@ def device_of(scope: Scope) -> Device:
 def evaluate(scope: Scope, task_name: str, source: str, language: Optional[str] = None,
              cases: Optional[str] = None, progress: Optional[ProgressSink] = None) -> Verdict:
     """A kernel source, judged as `optagent eval` judges it; a bad kernel is a verdict, not an error."""
-    from optagent.cli.build import build_evaluator
+    from optagent.app.build import build_evaluator
     from optagent.report.format import print_eval
     from optagent.evaluation.evaluator import CaseListError
 

@@ -26,9 +26,9 @@ from typing import NamedTuple, Optional
 
 from pydantic import Field, ValidationError
 
-from optagent.protocols import redact
+from optagent.runs.view import as_attempt
 from optagent.schema import Device, EvalResult, Language, PlannerKind, Record, Status, Step, StepOutcome, now
-from optagent.search.run_files import RunError
+from optagent.runs.files import RunError
 
 LEDGER_DIR = "ledger"
 DIGEST_CHARS = 12
@@ -98,10 +98,10 @@ def _first_line(text: Optional[str], limit: int = 200) -> Optional[str]:
 
 
 def _reason(step: Step) -> Optional[str]:
-    """Why the step failed, as planners may see it: a hidden case's details stay out (protocols.redact)."""
+    """Why the step failed, as planners may see it: a hidden case's details stay out (runs/view.as_attempt)."""
     if step.outcome not in (StepOutcome.FAILED, StepOutcome.NO_KERNEL):
         return None
-    shown = redact(step).result
+    shown = as_attempt(step).result
     return _first_line(shown.reason if shown is not None else step.error)
 
 

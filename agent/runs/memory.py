@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from optagent.schema import Step, StepOutcome
-from optagent.search.ledger import Bench, Ledger, LedgerEntry, incumbent_time, ledger_path, make_entry
-from optagent.search.run_files import RunError
-from optagent.search.store import RunStore, list_runs
+from optagent.runs.ledger import Bench, Ledger, LedgerEntry, incumbent_time, ledger_path, make_entry
+from optagent.runs.files import RunError
+from optagent.runs.store import RunStore, list_runs
 
 KEPT = (StepOutcome.ACCEPTED, StepOutcome.BASELINE)  # kernels a run judged its best at some point
 

@@ -15,7 +15,7 @@ from optagent.evaluation.evaluator import TIMEOUT_S, SandboxEvaluator, choose_ca
 from optagent.protocols import Evaluator, Memory, Planner, Pool
 from optagent.schema import ClusterEngine, Device, PlannerKind, RunConfig
 from optagent.search.loop import Limits
-from optagent.search.store import RunStore
+from optagent.runs.store import RunStore
 from optagent.task import TaskPackage, load_task
 
 
@@ -93,7 +93,7 @@ def run_evaluator(config: RunConfig, task: TaskPackage) -> Evaluator:
 
 def run_memory(store: RunStore) -> Memory:
     """The run's link to its task's ledger; opening it backfills the ledger from runs made before it."""
-    from optagent.search.memory import RunMemory
+    from optagent.runs.memory import RunMemory
 
     return RunMemory(store, fresh=store.config.fresh)
 
@@ -151,3 +151,12 @@ def build_planner(config: RunConfig, task: TaskPackage) -> Planner:
     starter = task.starter(config.language).source
     return OfflinePlanner(config.language, task.manifest.family if task.manifest else None,
                           run_kernel_params(starter), task.strategies_dir)
+
+
+def resolve_device(arg: Optional[str]) -> Device:
+    """--device, or cuda when a GPU is visible, else cpu."""
+    from optagent.evaluation.sandbox import gpu_visible
+
+    if arg:
+        return Device(arg)
+    return Device.CUDA if gpu_visible() else Device.CPU
