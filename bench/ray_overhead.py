@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from optagent.cli.build import build_evaluator, build_pool
+from optagent.app.build import build_evaluator, build_pool
 from optagent.evaluation.sandbox import gpu_visible
 from optagent.protocols import PoolJob
 from optagent.schema import ClusterEngine, Device, Language, RunConfig

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 from optagent.costs import Costs
-from optagent.search.store import RunStore
+from optagent.runs.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 
