@@ -116,3 +116,18 @@ class StepOutcome(str, enum.Enum):
     BASELINE = "BASELINE"  # step 0: the starter
     PASSED = "PASSED"  # passed on the CPU: a node that may be a parent, never the best on a timing
     PENDING = "PENDING"  # passed and faster: decided with its round's comparison (loop.py)
+
+    @property
+    def keeps_best(self) -> bool:
+        """The step's kernel was the run's best when it was decided (the starter, or an accepted one)."""
+        return self in (StepOutcome.ACCEPTED, StepOutcome.BASELINE)
+
+    @property
+    def is_node(self) -> bool:
+        """A passing kernel of the tree: it may be a parent of later candidates (search/parents.py)."""
+        return self in (StepOutcome.BASELINE, StepOutcome.ACCEPTED, StepOutcome.NOT_BETTER, StepOutcome.PASSED)
+
+    @property
+    def has_kernel(self) -> bool:
+        """A kernel was evaluated and passed (the failures and the replies without a kernel are not)."""
+        return self not in (StepOutcome.FAILED, StepOutcome.NO_KERNEL)

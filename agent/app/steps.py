@@ -132,7 +132,7 @@ def _drive(store: RunStore, task: TaskPackage, proposals: list[Proposal], progre
 def _feedback(store: RunStore, task: TaskPackage, state: RunState, new: list[Step]) -> Feedback:
     return Feedback(run_id=store.config.run_id, status=state.status, reason=state.reason, best_step=state.best_step,
                     best_geomean_speedup=state.best_geomean_speedup,
-                    best_changed=any(s.outcome in (StepOutcome.ACCEPTED, StepOutcome.BASELINE) for s in new),
+                    best_changed=any(s.outcome.keeps_best for s in new),
                     steps=[view(s) for s in new], next_prompt=next_prompt(store, task))
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Callable, Optional
 
+from optagent.text import first_line
 from optagent.settings import UserError
 from optagent.protocols import Evaluator
 from optagent.schema import Device, EvalResult, Language
@@ -53,7 +54,7 @@ def pick_language(task: TaskPackage, device: Device, wanted: Optional[str],
         if r.status.ok and r.geomean_time_us:
             times[lang] = r.geomean_time_us
         say(f"  {lang.value} starter: {r.status.value}" + (f", geomean {r.geomean_time_us:.1f} us" if lang in times else
-                                                          f" ({(r.reason or '').splitlines()[0][:100]})"))
+                                                          f" ({first_line(r.reason, 100) or ''})"))
     if not times:
         return usable[0], "no starter passed; the first language that runs", results
     best = min(times, key=times.__getitem__)

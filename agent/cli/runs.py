@@ -6,6 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
+from optagent.text import first_line
 from optagent.app.build import build_evaluator, build_pool, profile_notice, run_evaluator
 from optagent.app.runs import RunRequest, create_run, drive, hand_over, preflight
 from optagent.cli.language import pick_language
@@ -41,7 +42,7 @@ def _progress(con, t0: float, live=None):
                   f"${state.usage.cost_usd:.2f}  {elapsed:6.0f}s  {step.idea[:70]}", soft_wrap=True)
         why = step.error or (r.reason if r and not r.status.ok else None)
         if why and why.strip():  # why it failed, so a broken environment does not read as a bad kernel
-            con.print(f"          {why.strip().splitlines()[0][:150]}", markup=False)
+            con.print(f"          {first_line(why, 150)}", markup=False)
         stuck = next((c.profile for c in (r.cases if r else []) if c.profile
                       and c.profile.status is ProfileStatus.NO_COUNTERS), None)
         if stuck and not told:  # said once: the profiler stops trying for the rest of the run

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from optagent.text import first_line
 from optagent.settings import UserError
 from optagent.cli.options import add_runs_dir
 from optagent.cli.views import human_console, print_json
@@ -41,7 +42,7 @@ def _print(a, fb: Feedback) -> int:
         con.print(f"step {s.index}: {s.outcome.value} {s.status.value if s.status else '-'} {geo}  {s.idea}",
                   markup=False, soft_wrap=True)
         if s.reason and (s.status is None or not s.status.ok):
-            con.print(f"  {s.reason.strip().splitlines()[0][:200]}", markup=False)
+            con.print(f"  {first_line(s.reason, 200)}", markup=False)
         if s.retime_note:
             con.print(f"  {s.retime_note}", markup=False)
     best = f"best step {fb.best_step}, {fb.best_geomean_speedup:.3f}x" if fb.best_geomean_speedup else "no best"

@@ -14,6 +14,7 @@ from typing import Optional
 import ray
 import ray.exceptions as rex
 
+from optagent.text import first_line
 from optagent.settings import (CACHE_ENV, ISOLATION_ENV, MEMORY_ENV, NVCC_ENV, SCRATCH_ENV, UserError,
                                settings)
 
@@ -52,7 +53,7 @@ def connect(address: Optional[str], cpus: int = 1) -> bool:
             ray.init(address="local", num_cpus=max(os.cpu_count() or 1, cpus), include_dashboard=False,
                      object_store_memory=OBJECT_STORE_BYTES, **quiet)
     except (ConnectionError, RuntimeError, ValueError, rex.RayError) as e:
-        raise ClusterError(f"{where(address)}: Ray did not start: {_first_line(e)}") from None
+        raise ClusterError(f"{where(address)}: Ray did not start: {first_line(str(e)) or type(e).__name__}") from None
     return True
 
 
@@ -85,6 +86,3 @@ def actor_env() -> dict[str, str]:
     return {k: os.environ[k] for k in TRAVELS if os.environ.get(k)}
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

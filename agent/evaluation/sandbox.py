@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import secrets
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -237,19 +236,4 @@ def _killpg(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def gpu_visible() -> bool:
-    """Whether a CUDA GPU is visible, without importing torch in the orchestrator."""
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
-        return False
-    if Path("/proc/driver/nvidia/gpus").is_dir() and any(Path("/proc/driver/nvidia/gpus").iterdir()):
-        return True
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
-            return out.returncode == 0 and "GPU" in out.stdout
-        except (OSError, subprocess.TimeoutExpired):
-            return False
     return False

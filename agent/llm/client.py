@@ -6,6 +6,7 @@ from typing import Optional
 
 import openai
 
+from optagent.text import first_line
 from optagent.protocols import LLMReply
 from optagent.llm.replies import split_reasoning
 from optagent.llm.retry import llm_retry
@@ -36,8 +37,7 @@ def _root_cause(exc: BaseException) -> str:
         if below is None:
             break
         inner = below
-    text = str(inner).strip() or type(inner).__name__
-    return text.splitlines()[0][:200]
+    return first_line(str(inner), 200) or type(inner).__name__
 
 
 def cost_usd(prices: Optional[dict], prompt_tokens: int, completion_tokens: int) -> float:

@@ -12,7 +12,8 @@ from typing import Optional, Sequence
 
 from markupsafe import Markup
 
-from optagent.report.run_page import is_cpu, jinja_env, when
+from optagent.ranking import timings_rank
+from optagent.report.run_page import jinja_env, when
 from optagent.report.charts import HBarChart, speedup_bars
 from optagent.report.code import diff_lines, highlight_css, shorten
 from optagent.schema import Device
@@ -44,7 +45,7 @@ def leaderboard_page(entries: Sequence) -> list[BoardGroup]:
     """Groups per task and device kind, GPU groups first; entries in leaderboard.gather()'s order."""
     groups: dict[tuple[bool, str], list] = {}
     for e in entries:
-        cpu = e.config.device is Device.CPU or is_cpu([e.result])
+        cpu = not timings_rank(e.config.device, [e.result])
         groups.setdefault((cpu, e.config.task_name), []).append(e)
     out = []
     for (cpu, task), es in sorted(groups.items(), key=lambda kv: kv[0]):

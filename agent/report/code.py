@@ -129,10 +129,3 @@ def shorten(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def first_line(text: Optional[str]) -> Optional[str]:
-    if not text:
-        return None
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()
-    return None

@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 from rich.console import Console
 from rich.table import Table
 
+from optagent.ranking import timings_rank
 from optagent.schema import Device, EvalResult, RunConfig
 from optagent.runs.store import RunError, list_runs, unified_diff
 from optagent.runs.tree import best_step, lineage
@@ -42,7 +43,7 @@ class Entry:
     @property
     def cpu(self) -> bool:
         """Run on the CPU: its figures say the kernel works, not how fast it is."""
-        return self.config.device is Device.CPU or self.result.on_cpu
+        return not timings_rank(self.config.device, [self.result])
 
     @property
     def is_starter(self) -> bool:

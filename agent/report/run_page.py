@@ -11,13 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Optional
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
+from optagent.ranking import timings_rank
 from optagent import __version__
-from optagent.schema import Device, EvalResult, Language, StepOutcome
+from optagent.schema import Language
 from optagent.runs.tree import lineage
 from optagent.runs.store import RunStore, read_text, unified_diff
 
@@ -25,7 +26,8 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 from optagent.report.charts import (Category, CATEGORIES, step_category, StepChart, step_chart, BarChart, case_chart)
 from optagent.report.svg import num, sci, us
-from optagent.report.code import (highlight_css, highlight_lines, diff_lines, error_summary, first_line)
+from optagent.report.code import (highlight_css, highlight_lines, diff_lines, error_summary)
+from optagent.text import first_line
 
 # ----------------------------------------------------------------------------
 # Page models
@@ -51,10 +53,6 @@ def _duration(seconds: float) -> str:
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)
     return f"{h}h {m:02d}m" if h else (f"{m}m {s:02d}s" if m else f"{s}s")
-
-
-def is_cpu(results: Iterable[Optional[EvalResult]]) -> bool:
-    return any(r is not None and r.on_cpu for r in results)
 
 
 @dataclass
@@ -132,10 +130,9 @@ def run_page(store: RunStore) -> RunPage:
     best_source, best_result = best if best else (None, None)
     best_step = state.best_step if state else None
     if best_step is None:
-        best_step = next((s.index for s in reversed(steps) if s.outcome in (StepOutcome.ACCEPTED,
-                                                                             StepOutcome.BASELINE)), None)
+        best_step = next((s.index for s in reversed(steps) if s.outcome.keeps_best), None)
     results = [s.result for s in steps] + [best_result]
-    cpu = cfg.device is Device.CPU or is_cpu(results)
+    cpu = not timings_rank(cfg.device, results)
     last = next((r for r in reversed(results) if r is not None), None)
     gpu = next((r.gpu for r in reversed(results) if r is not None and r.gpu), None)
     device_name = next((r.device_name for r in reversed(results) if r is not None and r.device_name), None)

@@ -26,6 +26,7 @@ from typing import NamedTuple, Optional
 
 from pydantic import Field, ValidationError
 
+from optagent.text import first_line
 from optagent.runs.view import as_attempt
 from optagent.schema import Device, EvalResult, Language, PlannerKind, Record, Status, Step, StepOutcome, now
 from optagent.runs.files import RunError
@@ -92,17 +93,12 @@ def ledger_files(root: Path, task_name: str) -> list[Path]:
     return sorted(p for p in (root / LEDGER_DIR).glob("*.jsonl") if p.stem.rsplit("-", 1)[0] == _stem(task_name))
 
 
-def _first_line(text: Optional[str], limit: int = 200) -> Optional[str]:
-    lines = (text or "").strip().splitlines()
-    return lines[0][:limit] if lines else None
-
-
 def _reason(step: Step) -> Optional[str]:
     """Why the step failed, as planners may see it: a hidden case's details stay out (runs/view.as_attempt)."""
-    if step.outcome not in (StepOutcome.FAILED, StepOutcome.NO_KERNEL):
+    if step.outcome.has_kernel:
         return None
     shown = as_attempt(step).result
-    return _first_line(shown.reason if shown is not None else step.error)
+    return first_line(shown.reason if shown is not None else step.error, 200)
 
 
 def make_entry(run_id: str, step: Step, *, planner: PlannerKind, bench: Bench, source: Optional[str],
@@ -209,7 +205,6 @@ def incumbent_time(prior: dict[int, LedgerEntry], index: int, parent: Optional[i
     """The geomean time a step is measured against: its parent's, else the latest kernel its run kept before it."""
     if parent is not None:
         return prior[parent].geomean_time_us if parent in prior else None
-    kept = [e for i, e in sorted(prior.items()) if i < index and e.outcome in (StepOutcome.ACCEPTED,
-                                                                                StepOutcome.BASELINE)]
+    kept = [e for i, e in sorted(prior.items()) if i < index and e.outcome.keeps_best]
     return kept[-1].geomean_time_us if kept else None
 

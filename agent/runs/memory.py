@@ -12,12 +12,11 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Optional
 
-from optagent.schema import Step, StepOutcome
+from optagent.schema import Step
 from optagent.runs.ledger import Bench, Ledger, LedgerEntry, incumbent_time, ledger_path, make_entry
 from optagent.runs.files import RunError
 from optagent.runs.store import RunStore, list_runs
 
-KEPT = (StepOutcome.ACCEPTED, StepOutcome.BASELINE)  # kernels a run judged its best at some point
 
 
 @dataclass
@@ -49,7 +48,7 @@ def best_per_bench(entries: list[LedgerEntry]) -> dict[Bench, list[LedgerEntry]]
     """Per bench, the kernels runs kept, fastest first (by speedup: its baseline was timed beside it)."""
     out: dict[Bench, list[LedgerEntry]] = {}
     for e in entries:
-        if e.outcome in KEPT and e.speedup and e.evaluated:
+        if e.outcome.keeps_best and e.speedup and e.evaluated:
             out.setdefault(e.bench, []).append(e)
     return {b: sorted(es, key=lambda e: -e.speedup) for b, es in out.items()}
 

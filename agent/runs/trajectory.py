@@ -13,7 +13,6 @@ from optagent.runs.view import Attempt, as_attempt
 from optagent.schema import GpuFacts
 from optagent.schema import BestRef, EvalResult, Proposal, Step, StepOutcome, Usage
 from optagent.runs.store import RunStore
-from optagent.runs.tree import KEEPS_BEST
 
 # A candidate that counts as progress for --patience: accepted. On the CPU nothing is accepted on a timing
 # (accept.py), so a CPU run stops --patience candidates after its first passing kernel: every strategy
@@ -90,7 +89,7 @@ class Trajectory:
             self.children[parent] = self.children.get(parent, 0) + 1
         if step.round is not None:
             self.last_round = max(step.round, self.last_round or 0)
-        if step.outcome in KEEPS_BEST:
+        if step.outcome.keeps_best:
             self.best_step = step.index
         if step.best is not None and (self.best_ref is None or step.best.seq > self.best_ref.seq):
             self.best_ref = step.best

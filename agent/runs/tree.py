@@ -9,10 +9,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from optagent.schema import Step, StepOutcome
-
-KEEPS_BEST = (StepOutcome.ACCEPTED, StepOutcome.BASELINE)
-
+from optagent.schema import Step
 
 def parents(steps: Sequence[Step]) -> dict[int, Optional[int]]:
     """Step index -> the index of the step its kernel came from (None: the starter's)."""
@@ -20,7 +17,7 @@ def parents(steps: Sequence[Step]) -> dict[int, Optional[int]]:
     best: Optional[int] = None
     for s in sorted(steps, key=lambda s: s.index):
         out[s.index] = s.parent if s.round is not None else (best if s.index > 0 else None)
-        if s.outcome in KEEPS_BEST:
+        if s.outcome.keeps_best:
             best = s.index
     return out
 
@@ -60,4 +57,4 @@ def best_step(steps: Sequence[Step]) -> Optional[int]:
     refs = [s.best for s in steps if s.best is not None]
     if refs:
         return max(refs, key=lambda r: r.seq).step
-    return next((s.index for s in sorted(steps, key=lambda s: -s.index) if s.outcome in KEEPS_BEST), None)
+    return next((s.index for s in sorted(steps, key=lambda s: -s.index) if s.outcome.keeps_best), None)

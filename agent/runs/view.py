@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
+from optagent.ranking import timings_rank
 from optagent.runs.tree import lineage, parents as tree_parents
-from optagent.schema import CaseKind, Device, EvalResult, GpuFacts, Language, RunConfig, Step
+from optagent.schema import CaseKind, EvalResult, GpuFacts, Language, RunConfig, Step
 from optagent.task import TaskPackage
 
 if TYPE_CHECKING:
@@ -105,5 +106,5 @@ def contexts(task: TaskPackage, config: RunConfig, traj: Trajectory, start: int,
             incumbent_result=incumbent.result if incumbent else None,
             lineage=chain, siblings=siblings,
             slot=slot, width=len(parents), round_parents=[p for p in parents if p is not None],
-            on_cpu=config.device is Device.CPU, memory=memory))
+            on_cpu=not timings_rank(config.device), memory=memory))
     return out

@@ -20,6 +20,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
+from optagent.ranking import timings_rank
 from optagent.schema import EvalResult, StepOutcome
 
 # A gain this large cannot be timing noise (the same kernel's eager geomean moved 0.5-6% between two
@@ -40,7 +41,7 @@ def gain(incumbent: EvalResult, result: EvalResult) -> Optional[float]:
 
 def first_look(incumbent: EvalResult, result: EvalResult, min_gain: float) -> StepOutcome:
     """A passing candidate's outcome as its result arrives (the module's first rule)."""
-    if incumbent.on_cpu or result.on_cpu:
+    if not timings_rank(results=(incumbent, result)):
         return StepOutcome.PASSED
     g = gain(incumbent, result)
     return StepOutcome.PENDING if g is not None and g > min_gain else StepOutcome.NOT_BETTER

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
+from optagent.text import first_line
 from optagent.progress import Phase, Progress, ProgressSink, Subject
 from optagent.protocols import Memory, Planner, PlannerExhausted, PlannerWaiting, Pool, PoolJob
 from optagent.schema import BestRef, EvalResult, Proposal, RunState, RunStatus, Step, StepOutcome, now
@@ -72,11 +73,6 @@ class Limits:
     # that keeps failing would otherwise fill the run with empty steps until patience ran out.
     planner_failures: int = 3
     width: int = 1  # candidates per round
-
-
-def _first_line(text: Optional[str], limit: int = 300) -> str:
-    lines = (text or "").strip().splitlines()
-    return lines[0][:limit] if lines else "(no reason given)"
 
 
 class Loop:
@@ -234,9 +230,9 @@ class Loop:
         if starter is None:
             why = "the starter was not evaluated"
         elif starter.result is not None:
-            why = f"the starter failed: {starter.result.status.value}: {_first_line(starter.result.reason)}"
+            why = f"the starter failed: {starter.result.status.value}: {first_line(starter.result.reason, 300) or '(no reason given)'}"
         else:
-            why = f"the starter failed: {_first_line(starter.error)}"
+            why = f"the starter failed: {first_line(starter.error, 300) or '(no reason given)'}"
         tried = self.trajectory.candidates
         after = f"; nor did the {tried} candidate(s) after it" if tried else ""
         return f"no kernel passed: {why}{after} (stopped: {stopped})"
@@ -245,7 +241,7 @@ class Loop:
         done, state = self.trajectory.candidates, self.state
         if self._failures >= self.limits.planner_failures:
             raise PlannerFailed(f"the planner failed {self._failures} times in a row, last: "
-                                f"{_first_line(self._last_failure)}")
+                                f"{first_line(self._last_failure, 300) or '(no reason given)'}")
         if done >= self.limits.max_steps:
             raise MaxSteps(f"--max-steps {self.limits.max_steps}: {done} candidate(s) after the starter")
         if self.limits.time_limit_s and time.monotonic() - self.started >= self.limits.time_limit_s:

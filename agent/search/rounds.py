@@ -8,14 +8,12 @@ from __future__ import annotations
 
 from typing import Optional
 
+from optagent.ranking import timings_rank
 from optagent.protocols import Planner, PlannerExhausted, RoundPlanner, SlotOutcome
 from optagent.runs.view import PlannerContext
-from optagent.schema import Device, RunConfig, StepOutcome
+from optagent.schema import RunConfig
 from optagent.search.parents import Node, choose_parents
 from optagent.runs.trajectory import Trajectory
-
-NODES = (StepOutcome.BASELINE, StepOutcome.ACCEPTED, StepOutcome.NOT_BETTER, StepOutcome.PASSED)
-
 
 def nodes(traj: Trajectory) -> list[Node]:
     """The passing kernels, with how many steps (finished or proposed) were derived from each."""
@@ -24,7 +22,7 @@ def nodes(traj: Trajectory) -> list[Node]:
         if proposal.parent is not None:
             kids[proposal.parent] = kids.get(proposal.parent, 0) + 1
     return [Node(s.index, s.result.geomean_time_us, kids.get(s.index, 0)) for s in traj.steps
-            if s.outcome in NODES and s.result is not None and s.result.status.ok]
+            if s.outcome.is_node and s.result is not None and s.result.status.ok]
 
 
 def round_parents(traj: Trajectory, config: RunConfig, width: int) -> list[Optional[int]]:
@@ -33,7 +31,7 @@ def round_parents(traj: Trajectory, config: RunConfig, width: int) -> list[Optio
     if best is None:
         return [None] * width
     return list(choose_parents(nodes(traj), best, width, config.run_id, traj.next_round,
-                               cpu=config.device is Device.CPU or traj.best.result.on_cpu))
+                               cpu=not timings_rank(config.device, [traj.best.result])))
 
 
 def propose_all(planner: Planner, ctxs: list[PlannerContext]) -> list[SlotOutcome]:

@@ -21,7 +21,7 @@ import torch
 
 from optagent.messages import CaseSpec
 from optagent.schema import CaseKind
-from optagent.task import Manifest, load_task
+from optagent.task import REQUIRED_FUNCTIONS, Manifest, load_task
 from optagent.worker.hooks import Hooks
 
 COMPAT_DIR = Path(__file__).resolve().parent / "compat"
@@ -58,7 +58,7 @@ class TaskRuntime:
         sys.path.insert(0, str(problem_dir))
         self.config = _load_module(self.task.config_path, "testcase_config")
         sys.path.remove(str(problem_dir))
-        missing = [f for f in ("getNumOfTestcases", "getTestCaseSize", "genTestCase", "baseline", "check")
+        missing = [f for f in REQUIRED_FUNCTIONS
                    if not callable(getattr(self.config, f, None))]
         if missing:
             raise RuntimeError(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Union
 
+from optagent.ranking import timings_rank
 from optagent import waits
 from optagent.integrity import ALLOWED_IMPORTS
 from optagent.llm import feedback as fb
@@ -94,7 +95,7 @@ def _effect(a: Attempt) -> str:
     if a.result is None:
         return "no kernel" if a.outcome == StepOutcome.NO_KERNEL.value else (a.error or "-").split("\n")[0][:80]
     if a.result.status.ok:  # an interpreter's speedup would read as a result: on the CPU none is shown
-        return "passed" if a.result.on_cpu else f"{_num(a.result.geomean_speedup, '.3f')}x geomean"
+        return "passed" if not timings_rank(results=[a.result]) else f"{_num(a.result.geomean_speedup, '.3f')}x geomean"
     return a.result.status.value
 
 
@@ -131,7 +132,7 @@ def _tree_view(ctx: PlannerContext) -> dict[str, Any]:
 
 
 def on_cpu(ctx: PlannerContext) -> bool:
-    return ctx.on_cpu or bool(ctx.best_result and ctx.best_result.on_cpu)
+    return ctx.on_cpu or not timings_rank(results=[ctx.best_result])
 
 
 def prompt_vars(ctx: PlannerContext, feedback: str = "", whole_file: bool = False,
