@@ -21,7 +21,9 @@ from optagent.kernel_facts import GpuFacts, KernelFacts  # noqa: F401 (parts of 
 from optagent.profile_facts import CaseProfile  # noqa: F401 (likewise)
 from optagent.costs import Costs
 
-FORMAT_VERSION = 1
+# 2: every step commits its parent, its round and any change of the best (BestRef); runs of version 1, made
+# before step commits and rounds, are refused by name (runs/store.py) rather than read by legacy branches.
+FORMAT_VERSION = 2
 
 
 class Record(BaseModel):
@@ -219,7 +221,7 @@ class Proposal(Record):
     usage: Usage = Field(default_factory=Usage)
     meta: dict = Field(default_factory=dict)  # planner-private state (knob values...)
     parent: Optional[int] = None  # the step whose kernel the planner was given to improve (None: the starter)
-    round: Optional[int] = None  # the round it was proposed in (None: written before rounds)
+    round: Optional[int] = None  # the round it was proposed in
 
     @model_validator(mode="after")
     def _one_of(self) -> "Proposal":
@@ -248,8 +250,8 @@ class Step(Record):
     best_geomean_speedup: Optional[float] = None
     retime_note: Optional[str] = None
     best: Optional[BestRef] = None  # set when this step changed the best kernel or its timing
-    parent: Optional[int] = None  # the step whose kernel it was derived from (None: the starter, old runs)
-    round: Optional[int] = None  # proposed together with the other steps of this round (None: old runs)
+    parent: Optional[int] = None  # the step whose kernel it was derived from (None: the starter)
+    round: Optional[int] = None  # proposed together with the other steps of this round
 
 
 class RunConfig(Record):

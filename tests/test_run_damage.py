@@ -111,6 +111,20 @@ def test_a_damaged_file_is_one_line_naming_it_and_the_other_runs_still_list(tmp_
         one_error_line(err, where)
 
 
+def test_a_run_of_an_older_format_is_refused_by_its_version_and_left_as_it_was(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    (run,) = make_runs(runs, IDS[:1])
+    cfg = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**cfg, "format_version": 1}, indent=2))
+    before = tree_digest(run)
+    for command in (["resume", run.name, "--quiet"], ["show", run.name], ["report", run.name, "-o", "-"]):
+        rc, out, err = cli(capsys, *command, "--runs-dir", str(runs))
+        assert rc == 2, command
+        one_error_line(err, f"{run / 'config.json'}: a run of format version 1; this optagent reads version 2 "
+                            "(runs made since step commits and rounds)")
+    assert tree_digest(run) == before
+
+
 @pytest.mark.parametrize("name", ["state.json", "steps/0003/step.json"])
 def test_resume_of_a_damaged_run_names_the_file_and_writes_nothing(tmp_path, capsys, name):
     runs = tmp_path / "runs"

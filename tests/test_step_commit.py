@@ -211,8 +211,8 @@ def test_a_crash_between_the_commit_and_the_best_cache_is_repaired_on_resume(tmp
     assert_consistent(store.path)
 
 
-def test_a_run_made_before_step_commits_still_resumes(tmp_path, task_dir):
-    """Old runs (step.json without ``best``, best/ as the record) are read and resumed as before."""
+def test_a_recorded_run_resumes_from_the_best_its_commits_name(tmp_path, task_dir):
+    """The recorded sample run (every step with its parent and round, the best in the commits) resumes."""
     import shutil
 
     sample = next((HERE / "fixtures" / "run_sample").iterdir())
@@ -220,7 +220,7 @@ def test_a_run_made_before_step_commits_still_resumes(tmp_path, task_dir):
     shutil.copytree(sample, run)
     store = RunStore(run)
     before = store.steps()
-    assert before and all(s.best is None for s in before)
+    assert before and all(s.round is not None for s in before) and any(s.best is not None for s in before)
     traj = Trajectory.load(store)
     assert traj.best is not None and (traj.best.source, traj.best.result) == store.best()
     assert traj.best.step == traj.best_step and not traj.cache_stale

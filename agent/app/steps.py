@@ -77,7 +77,7 @@ def view(step: Step) -> StepView:
     r = step.result
     return StepView(index=step.index, idea=step.idea, outcome=step.outcome, status=r.status if r else None,
                     geomean_speedup=r.geomean_speedup if r else None, geomean_time_us=r.geomean_time_us if r else None,
-                    reason=(r.reason if r else step.error), parent=getattr(step, "parent", None),
+                    reason=(r.reason if r else step.error), parent=step.parent,
                     retime_note=step.retime_note)
 
 
@@ -88,9 +88,7 @@ def lineage(steps: list[Step], best: Optional[int]) -> list[Step]:
     at = best
     while at is not None and at in by_index and len(chain) <= len(steps):
         chain.append(by_index[at])
-        at = getattr(by_index[at], "parent", None)
-        if at is None and chain[-1].index != 0 and 0 in by_index:
-            at = 0  # steps recorded before parents were: derived from the starter
+        at = by_index[at].parent
     return chain[::-1]
 
 

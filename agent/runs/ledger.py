@@ -108,7 +108,7 @@ def make_entry(run_id: str, step: Step, *, planner: PlannerKind, bench: Bench, s
     time_us = result.geomean_time_us if result else None
     setting = {k: meta[k] for k in SETTING_KEYS if k in meta} if meta else None
     return LedgerEntry(
-        run_id=run_id, step=step.index, parent=getattr(step, "parent", None), idea=step.idea,
+        run_id=run_id, step=step.index, parent=step.parent, idea=step.idea,
         setting=setting or None, planner=planner, outcome=step.outcome, status=result.status if result else None,
         reason=_reason(step),
         geomean_time_us=time_us, speedup=result.geomean_speedup if result else None,

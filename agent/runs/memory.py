@@ -117,7 +117,7 @@ class RunMemory:
         name = next((e.device_name for _, e in sorted(prior.items()) if e.device_name), None)
         return make_entry(cfg.run_id, step, planner=cfg.planner, bench=Bench(cfg.device, name, cfg.language, cfg.cases),
                           source=source, meta=proposal.meta if proposal else None,
-                          incumbent_us=incumbent_time(prior, step.index, getattr(step, "parent", None)))
+                          incumbent_us=incumbent_time(prior, step.index, step.parent))
 
     def summary(self) -> str:
         earlier = [e for e in self.ledger.entries() if e.run_id != self.run_id]

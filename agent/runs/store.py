@@ -15,8 +15,8 @@ Layout::
                            unfinished: evaluated again on resume, whatever else its folder holds.
     best/kernel.<ext>, best/result.json, best/diff.patch
                            a cache for people and exports, rewritten after the commit that changed it;
-                           the run's best is the one named by the latest commit (runs older than step
-                           commits: this folder), so a kill before the cache is written is repaired on resume
+                           the run's best is the one named by the latest commit, so a kill before the cache
+                           is written is repaired on resume
     lock                   flock()ed by the process driving the run: a run whose
                            state says RUNNING but whose lock is free was killed
 
@@ -40,7 +40,7 @@ from typing import Iterator, Optional
 
 from pydantic import BaseModel
 
-from optagent.schema import EvalResult, Language, Proposal, RunConfig, RunState, Step
+from optagent.schema import FORMAT_VERSION, EvalResult, Language, Proposal, RunConfig, RunState, Step
 from optagent.runs import files as run_files
 # Re-exported: readers of runs (report, leaderboard, cli) import them from here.
 from optagent.settings import RUNS_DIR_ENV, settings
@@ -167,7 +167,11 @@ class RunStore:
     # -- reading: every file through run_files, the one reader ------------------
     @cached_property
     def config(self) -> RunConfig:  # written at creation; changed only by hand-over (save_config)
-        return run_files.read_record(self.path / "config.json", RunConfig)
+        config = run_files.read_record(self.path / "config.json", RunConfig)
+        if config.format_version < FORMAT_VERSION:
+            raise RunError(f"{self.path / 'config.json'}: a run of format version {config.format_version}; this "
+                           f"optagent reads version {FORMAT_VERSION} (runs made since step commits and rounds)")
+        return config
 
     def save_config(self, config: RunConfig) -> None:
         """A run handed to another planner (resume --planner), or to its task package's new place."""

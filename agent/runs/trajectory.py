@@ -57,13 +57,11 @@ class Trajectory:
         traj = cls(store.starter, None, store.unfinished_steps())
         for step in store.steps():
             traj.add(step, store.step_source(step.index))
-        ref = traj.best_ref  # None for runs older than step commits
+        ref = traj.best_ref
         source = traj.sources.get(ref.step) if ref else None
         if ref is not None and source is not None:
             traj.best = Best(source, ref.result, ref.step)
             traj.cache_stale = cached != (source, ref.result)
-        elif cached is not None:  # a run older than step commits: best/ is the record
-            traj.best = Best(*cached, traj.best_step)
         return traj
 
     def add(self, step: Step, source: Optional[str]) -> None:
@@ -83,10 +81,8 @@ class Trajectory:
         self.sources[step.index] = source
         self.attempts.append(as_attempt(step, source))
         self.usage = self.usage + step.usage
-        # the parent as tree.parents reads it: runs before rounds built on the best of their time
-        parent = step.parent if step.round is not None else (self.best_step if step.index > 0 else None)
-        if parent is not None:
-            self.children[parent] = self.children.get(parent, 0) + 1
+        if step.parent is not None:
+            self.children[step.parent] = self.children.get(step.parent, 0) + 1
         if step.round is not None:
             self.last_round = max(step.round, self.last_round or 0)
         if step.outcome.keeps_best:

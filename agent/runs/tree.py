@@ -1,8 +1,7 @@
 """The tree of kernels a run grew: each step's parent, and the lineage of a kernel back to the starter.
 
-Steps record their parent (Step.parent). Runs made before rounds did not: each of their candidates was
-derived from the best kernel of its time, so a step there has the latest BASELINE/ACCEPTED step before it
-as its parent, which gives old runs the same lineage view.
+Each step records its parent (Step.parent): None for the starter, and for a step made from the starter's
+source because no kernel had passed yet.
 """
 
 from __future__ import annotations
@@ -13,13 +12,7 @@ from optagent.schema import Step
 
 def parents(steps: Sequence[Step]) -> dict[int, Optional[int]]:
     """Step index -> the index of the step its kernel came from (None: the starter's)."""
-    out: dict[int, Optional[int]] = {}
-    best: Optional[int] = None
-    for s in sorted(steps, key=lambda s: s.index):
-        out[s.index] = s.parent if s.round is not None else (best if s.index > 0 else None)
-        if s.outcome.keeps_best:
-            best = s.index
-    return out
+    return {s.index: s.parent for s in steps}
 
 
 def lineage(steps: Sequence[Step], index: int) -> list[Step]:
@@ -52,9 +45,6 @@ def children(steps: Sequence[Step]) -> dict[int, int]:
 
 
 def best_step(steps: Sequence[Step]) -> Optional[int]:
-    """The step whose kernel is the run's best: named by the latest commit that changed it (older runs: the
-    last step that kept it)."""
+    """The step whose kernel is the run's best: named by the latest commit that changed it."""
     refs = [s.best for s in steps if s.best is not None]
-    if refs:
-        return max(refs, key=lambda r: r.seq).step
-    return next((s.index for s in sorted(steps, key=lambda s: -s.index) if s.outcome.keeps_best), None)
+    return max(refs, key=lambda r: r.seq).step if refs else None
