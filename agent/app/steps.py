@@ -109,7 +109,7 @@ def open_run(scope: Scope, run_id: str) -> tuple[RunStore, TaskPackage]:
     return store, task
 
 
-def _drive(store: RunStore, task: TaskPackage, proposals: list[Proposal], progress: Optional[ProgressSink]) -> Feedback:
+def _round(store: RunStore, task: TaskPackage, proposals: list[Proposal], progress: Optional[ProgressSink]) -> Feedback:
     """The agent's round (none: the starter only) through the run's loop, and what a planner is told next."""
     from optagent.app.build import build_pool, run_evaluator
     from optagent.search.planners.external import ExternalPlanner
@@ -139,7 +139,7 @@ def start_run(scope: Scope, task_name: str, language: Optional[str], max_steps: 
     task = scope.task(task_name)
     config = RunRequest(device=device_of(scope), planner=PlannerKind.EXTERNAL, language=language_of(task, language),
                         max_steps=max_steps).config(task)
-    return _drive(create_run(scope.runs_dir, task, config), task, [], progress)
+    return _round(create_run(scope.runs_dir, task, config), task, [], progress)
 
 
 def propose(scope: Scope, run_id: str, sources: list[str], ideas: Optional[list[str]] = None,
@@ -164,7 +164,7 @@ def propose(scope: Scope, run_id: str, sources: list[str], ideas: Optional[list[
     proposals = [Proposal(source=s, idea=(ideas[i] if ideas else f"outside agent's kernel {i + 1}").strip()
                           or "(no idea given)", parent=parent)
                  for i, s in enumerate(sources)]
-    return _drive(store, task, proposals, progress)
+    return _round(store, task, proposals, progress)
 
 
 def feedback(scope: Scope, run_id: str) -> Feedback:

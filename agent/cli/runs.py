@@ -52,7 +52,7 @@ def _progress(con, t0: float, live=None):
     return on_step
 
 
-def _drive(store: RunStore, task: TaskPackage, a, con, planner: Planner, evaluator: Evaluator, pool: Pool) -> int:
+def _run_and_report(store: RunStore, task: TaskPackage, a, con, planner: Planner, evaluator: Evaluator, pool: Pool) -> int:
     """Runs the loop on `pool` (built over `evaluator`) with the step lines and the live status line."""
     from optagent.cli.live import LiveProgress
 
@@ -130,7 +130,7 @@ def cmd_run(a) -> int:
     except BaseException:
         pool.close()
         raise
-    return _drive(store, task, a, con, planner, evaluator, pool)
+    return _run_and_report(store, task, a, con, planner, evaluator, pool)
 
 
 def cmd_resume(a) -> int:
@@ -146,7 +146,7 @@ def cmd_resume(a) -> int:
     cfg = hand_over(store, task, planner=PlannerKind(a.planner) if a.planner else None, replay=a.replay,
                     base_url=a.base_url, model=a.model, cluster=a.cluster)
     planner, evaluator = preflight(task, cfg), run_evaluator(cfg, task)
-    return _drive(store, task, a, human_console(a), planner, evaluator, build_pool(evaluator, a.jobs, None, cfg))
+    return _run_and_report(store, task, a, human_console(a), planner, evaluator, build_pool(evaluator, a.jobs, None, cfg))
 
 
 def add_run_commands(sub: argparse._SubParsersAction) -> None:
