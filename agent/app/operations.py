@@ -139,7 +139,7 @@ def device_of(scope: Scope) -> Device:
 def evaluate(scope: Scope, task_name: str, source: str, language: Optional[str] = None,
              cases: Optional[str] = None, progress: Optional[ProgressSink] = None) -> Verdict:
     """A kernel source, judged as `optagent eval` judges it; a bad kernel is a verdict, not an error."""
-    from optagent.app.build import build_evaluator
+    from optagent.app.evaluate import evaluate as evaluate_kernel
     from optagent.report.format import print_eval
     from optagent.evaluation.evaluator import CaseListError
 
@@ -148,10 +148,9 @@ def evaluate(scope: Scope, task_name: str, source: str, language: Optional[str] 
     task = scope.task(task_name)
     lang = language_of(task, language)
     try:
-        evaluator = build_evaluator(task, device_of(scope), cases)
+        result = evaluate_kernel(task, source, lang, device_of(scope), cases, progress=progress)
     except (CaseListError, TaskError) as e:
         raise OutsideError(str(e)) from None
-    result = evaluator.evaluate(source, lang, progress=progress)
     return Verdict(status=result.status, reason=result.reason, geomean_speedup=result.geomean_speedup,
                    geomean_time_us=result.geomean_time_us, result=result.model_dump(mode="json"),
                    table=render(lambda con: print_eval(con, result)))

@@ -19,7 +19,7 @@ from optagent.evaluation.evaluator import CaseListError
 # UserError lives in inputs so that `python -m optagent.cli.main` (cli as __main__) catches the same class
 from optagent.cli.inputs import OneLineParser
 from optagent.settings import EnvError, UserError
-from optagent.app.build import build_evaluator, profile_notice
+from optagent.app.evaluate import evaluate
 from optagent.cli.browse import add_browse_commands
 from optagent.app.build import resolve_device
 from optagent.cli.options import add_eval_options
@@ -100,15 +100,13 @@ def cmd_task_show(a) -> int:
 def cmd_eval(a) -> int:
     task = load_task(a.dir)
     source, lang = _read_kernel(Path(a.kernel), a.language)
-    evaluator = build_evaluator(task, resolve_device(a.device), a.cases, hidden=not a.no_hidden, timeout_s=a.timeout,
-                                compiler=a.compiler, keep_scratch=a.keep_scratch, profile=a.profile)
     from optagent.cli.live import LiveProgress
 
-    if a.profile:
-        human_console(a).print(profile_notice(evaluator), markup=False, soft_wrap=True)
     live = None if a.quiet else LiveProgress(console(stderr=True))
     try:
-        result = evaluator.evaluate(source, lang, progress=live)
+        result = evaluate(task, source, lang, resolve_device(a.device), a.cases, hidden=not a.no_hidden,
+                          timeout_s=a.timeout, compiler=a.compiler, keep_scratch=a.keep_scratch, profile=a.profile,
+                          progress=live, notice=lambda line: human_console(a).print(line, markup=False, soft_wrap=True))
     finally:
         if live is not None:
             live.close()
