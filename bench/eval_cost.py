@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from optagent.cli.build import build_evaluator
+from optagent.app.build import build_evaluator
 from optagent.costs import Costs
 from optagent.evaluation.pool import LocalPool
 from optagent.protocols import PoolJob

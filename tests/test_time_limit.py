@@ -13,7 +13,7 @@ from optagent.protocols import PlannerExhausted
 from optagent.schema import (CaseKind, CaseResult, Device, EvalResult, Language, Proposal, RunConfig, RunStatus,
                              Status, Timing)
 from optagent.search.loop import Limits, Loop
-from optagent.search.store import RunStore, new_run_id
+from optagent.runs.store import RunStore, new_run_id
 from optagent.task import load_task
 
 
@@ -41,7 +41,8 @@ class FakeSandbox:
     def time_baselines(self, gate):
         return NoBaselines()
 
-    def evaluate_on(self, source, language, progress, gate=None, control=None, baselines=None) -> EvalResult:
+    def evaluate_on(self, source, language, progress, gate=None, control=None, baselines=None,
+                    judge=True) -> EvalResult:
         self.calls.append(source)
         if source in self.hang:
             while not control.stopped():
