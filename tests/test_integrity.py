@@ -568,3 +568,11 @@ def test_gpu_honest_kernels_pass_under_the_guard(task):
         result = SandboxEvaluator(task, "cuda", specs, timeout_s=600).evaluate(task.starter(language).source,
                                                                               language)
         assert result.status is Status.PASSED, (language, result.reason)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["timed_by_pointer", "finish_later"])
+def test_gpu_a_kernel_that_works_only_when_not_timed_is_caught(task, name):
+    """On the GPU too (more timed calls, a graph-replay loop): the timed calls it picks are judged."""
+    result = gpu_run(task, name, ["1", LARGE_CASE])
+    expect(result, Status.INCORRECT, r"not written|relative error")
