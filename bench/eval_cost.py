@@ -185,7 +185,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--packages", default=",".join(PACKAGES))
     p.add_argument("--langs", default="triton,cuda")
-    p.add_argument("--combos", default="", help="PACKAGE:LANG,... in this order instead of packages x langs")
+    p.add_argument("--combos", default="", help="PACKAGE:LANG[:WIDTH],... in this order instead of packages x langs")
     p.add_argument("--evals", type=int, default=2, help="evaluations per package and language (default 2)")
     p.add_argument("--no-retime", action="store_true")
     p.add_argument("--budget", type=float, default=540.0, help="seconds; no new work starts after (default 540)")
@@ -204,9 +204,11 @@ def main() -> None:
     try:
         combos = [tuple(c.split(":")) for c in a.combos.split(",") if c] or \
             [(pk, lang.value) for pk in a.packages.split(",") if pk for lang in langs]
-        for package, lang in combos:
-            if bench.left() > 0:
-                bench.language(package, Language(lang), a.evals, not a.no_retime)
+        for combo in combos:  # PACKAGE:LANG, or PACKAGE:LANG:WIDTH for candidates/hour at that width here
+            if bench.left() > 0 and len(combo) == 3:
+                bench.widths(combo[0], Language(combo[1]), [int(combo[2])], a.width_candidates)
+            elif bench.left() > 0:
+                bench.language(combo[0], Language(combo[1]), a.evals, not a.no_retime)
         widths = [int(w) for w in a.widths.split(",") if w]
         for package in (x for x in a.width_packages.split(",") if x and widths):
             bench.widths(package, langs[0], widths, a.width_candidates)
