@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import io
 import math
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from contextlib import redirect_stderr, redirect_stdout
 from typing import Optional
@@ -68,38 +67,10 @@ def _inputs_changed(saved: dict, args: list, outs: list[int]) -> Optional[Findin
     return None
 
 
-def read_sample(sample: Sample) -> tuple[bytes, bool]:
-    """A saved output's bytes, and whether they are still those the harness hashed when it saved them."""
-    data = Path(sample.file).read_bytes()
-    return data, hashlib.sha256(data).hexdigest() == sample.sha256
-
-
-class Prefetch:
-    """Samples read and hashed a few ahead, on threads (file reads and sha256 release the GIL), while
-    the judge compares the current one on the device: the saved outputs of large cases are hundreds of
-    MB each. At most `ahead` are held in memory beyond the one being judged."""
-
-    def __init__(self, samples: list[Sample], ahead: int = 3):
-        self.samples, self.ahead = samples, ahead
-        self.pool = ThreadPoolExecutor(ahead, thread_name_prefix="judge-read")
-        self.futures: dict[int, Future] = {}
-        self.submitted = 0
-
-    def get(self, i: int) -> tuple[bytes, bool]:
-        while self.submitted < min(len(self.samples), i + 1 + self.ahead):
-            self.futures[self.submitted] = self.pool.submit(read_sample, self.samples[self.submitted])
-            self.submitted += 1
-        return self.futures.pop(i).result()
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _verdict(rt: TaskRuntime, case: CaseSpec, sample: Sample, check_inputs: bool = False,
-             read: Optional[tuple[bytes, bool]] = None) -> Finding:
+def _verdict(rt: TaskRuntime, case: CaseSpec, sample: Sample, check_inputs: bool = False) -> Finding:
     """Compare one saved output with the reference (and its inputs with the rebuilt ones)."""
-    data, intact = read if read is not None else read_sample(sample)
-    if not intact:
+    data = Path(sample.file).read_bytes()
+    if hashlib.sha256(data).hexdigest() != sample.sha256:
         return Finding(status=Status.REJECTED, reason=f"the saved outputs ({sample.name}) were rewritten after the "
                        "harness saved them")
     args, sizes = _rebuild(rt, case, sample)
@@ -187,10 +158,8 @@ def judge(job: Job, chan: Channel) -> None:
         samples, worst = _as_asked(job.samples.get(case.label, []), expected)
         inputs = {e.name for e in expected if e.inputs}
         agg: dict = {"rel_err": 0.0, "max_abs_err": 0.0, "tolerance": None}
-        todo = samples if worst is None else []
-        ahead = Prefetch(todo)
-        for k, sample in enumerate(todo):
-            v = _verdict(rt, case, sample, sample.name in inputs, ahead.get(k))
+        for sample in samples if worst is None else []:
+            v = _verdict(rt, case, sample, sample.name in inputs)
             for key in ("rel_err", "max_abs_err"):
                 if getattr(v, key) is not None:
                     agg[key] = max(agg[key], getattr(v, key))
@@ -198,7 +167,6 @@ def judge(job: Job, chan: Channel) -> None:
             if v.status is not Status.PASSED:
                 worst = v
                 break
-        ahead.close()
         floors: dict = {"floor_us": None, "compute_floor_us": None}
         if rt.hooks is not None and (bandwidth or tflops) and samples:
             args, _ = _rebuild(rt, case, samples[0])
