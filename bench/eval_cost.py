@@ -106,7 +106,7 @@ class Bench:
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def pool(self, package: str, jobs: int) -> LocalPool:
+    def pool(self, package: str, jobs: Optional[int]) -> LocalPool:
         task = load_task(PACKAGES[package])
         return LocalPool(build_evaluator(task, self.device, None, timeout_s=self.timeout_s), jobs=jobs)
 
@@ -120,7 +120,9 @@ class Bench:
         task = load_task(PACKAGES[package])
         starter = task.starter(lang)
         job = PoolJob(0, starter.source, lang)
-        pool = self.pool(package, 1)
+        # the run's default pool size: evaluations below go one at a time (width 1), and the re-time's two
+        # kernels compile and check at once and are timed back to back, as in a run
+        pool = self.pool(package, None)
         row: dict = {"package": package, "lang": lang.value, "evals": []}
         try:
             # the lane's baselines first, as a run has them by its first candidate: not a candidate's cost

@@ -571,8 +571,10 @@ def test_gpu_honest_kernels_pass_under_the_guard(task):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["timed_by_pointer", "finish_later"])
-def test_gpu_a_kernel_that_works_only_when_not_timed_is_caught(task, name):
-    """On the GPU too (more timed calls, a graph-replay loop): the timed calls it picks are judged."""
-    result = gpu_run(task, name, ["1", LARGE_CASE])
+def test_gpu_a_kernel_that_works_only_when_not_timed_is_caught(task):
+    """On the GPU too (more timed calls, a graph-replay loop): the timed calls it picks are judged.
+    (finish_later is not here: on the H200 (2026-12-02) it PASSED at the starter's speed, because with three
+    rotated input sets each timed call still launches one call's work, for the set timed before it, so
+    nothing left the timed window; on the CPU's few calls the last one's work never runs: INCORRECT.)"""
+    result = gpu_run(task, "timed_by_pointer", ["1", LARGE_CASE])
     expect(result, Status.INCORRECT, r"not written|relative error")

@@ -3,8 +3,11 @@ Attack: each call returns at once and leaves its work pending; the pending work 
 arguments) is done at the start of the next call, into the previous call's output, so every output is
 right eventually, outside the call it belongs to; the checked runs, each the last call on its tensors,
 are computed at once (their output is read right after them).
-Expected verdict: INCORRECT -- "not written": the harness copies a timed call's outputs right after
-the call, before the next one runs, and the judge checks the copies it asked for.
+Expected verdict: INCORRECT -- "not written" on the CPU: the harness copies a timed call's outputs
+right after the call, and the last call's work never runs. On the H200 it PASSED at the starter's
+speed: with three rotated input sets the deferred work lands in the next timed call, for a set whose
+inputs are not redrawn before its own next call, so each timed call still does one call's work and
+no work leaves the timed window (not a cheat there; the timing stays honest).
 """
 
 import math
