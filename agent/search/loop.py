@@ -116,7 +116,7 @@ class Loop:
         except (waits.DeadlineReached, KeyboardInterrupt) as e:  # cut off in flight: those steps stay unfinished
             cut = isinstance(e, waits.DeadlineReached)
             status = RunStatus.TIME_LIMIT if cut else RunStatus.INTERRUPTED
-            reason = (f"--time-limit {limit:g} s reached with evaluations in flight" if cut else "stopped by Ctrl-C") \
+            reason = (f"--time-limit {limit:g} s reached with work in flight (stopped)" if cut else "stopped by Ctrl-C") \
                 + f"; optagent resume {self.store.path.name} continues it"
         finally:
             waits.set_deadline(None)
