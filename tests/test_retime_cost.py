@@ -49,7 +49,8 @@ def test_a_retime_runs_no_judge(pool_and_modes):
     modes.clear()
     again = pool.retime([PoolJob(0, source, Language.TRITON), PoolJob(1, source, Language.TRITON)])
     assert [r.status for r in again] == [Status.PASSED, Status.PASSED]
-    assert modes == ["candidate", "candidate"]  # two candidate processes, no judge
+    # two candidate processes and no judge (the lane's baseline job may run again: the host drifted)
+    assert modes.count("candidate") == 2 and "judge" not in modes, modes
     assert all(r.costs.judge == 0 and r.cases[0].time_us for r in again)
 
 
