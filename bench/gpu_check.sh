@@ -11,6 +11,8 @@
 #                                   on two GPUs: the steps of LANE0 on GPU 0, those of LANE1 on
 #                                   GPU 1 (steps: the functions below, arguments after colons)
 #                                   e.g. LANE1="trace:4/16384:1/1024": where a bulk-kernel launch spends its time
+#   COST_ARGS="--budget 300" bash bench/gpu_check.sh cost   seconds per candidate, their phases, GPU-busy share,
+#                                   candidates/hour, re-time cost, repeatability (issue 31, bench/eval_cost.py)
 #   STEPS=ray_overhead bash bench/gpu_check.sh steps   Ray's overhead per candidate against the local pool
 #                                   (issue 24; needs .ray/ray.tar.xz from bench/pack_ray.sh)
 #
@@ -59,7 +61,7 @@ tilelang_run() {  # issue 8: an offline --language tilelang run on the seed pack
 finish() {
   python3 bench/summarize.py "$OUT" > "$OUT/summary.txt" 2>&1
   (cd "$OUT" && tar czf /tmp/logs.tgz --exclude=keep . 2>/dev/null; mkdir -p keep && mv /tmp/logs.tgz keep/ \
-    && find . -maxdepth 1 -type f ! -name summary.txt ! -name 'decode_table*.txt' ! -name run.log -delete; rm -rf runs*)
+    && find . -maxdepth 1 -type f ! -name summary.txt ! -name 'decode_table*.txt' ! -name 'eval_cost*' ! -name run.log -delete; rm -rf runs*)
   cat "$OUT/summary.txt"
   cat "$OUT"/decode_table*.txt 2>/dev/null  # one per GPU when lanes ran variants
   true
@@ -273,8 +275,14 @@ steps() {  # STEPS="fn[:arg[:arg]] ...": the named functions one after another, 
   for s in $STEPS; do IFS=: read -r -a part <<< "$s"; "${part[@]}"; done
 }
 
+eval_cost() {  # issue 31: seconds per candidate and where they go (bench/eval_cost.py; COST_ARGS: its options)
+  timeout "${COST_TIMEOUT:-570}" python3 bench/eval_cost.py --json-out "$OUT/eval_cost.json" ${COST_ARGS:-} 2>&1 \
+    | tee "$OUT/eval_cost.txt" | grep -vE "^\s+\.\.\. "
+}
+
 case "$STAGE" in
   check) check_all ;;
+  cost) eval_cost ;;
   run) decode_run; decode_tables ;;
   more) for m in $MORE; do pkg_run "$m" "${MORE_LIMIT:-120}"; done ;;
   lanes) lanes ;;

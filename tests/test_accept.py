@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import pytest
+
 from optagent.schema import CaseKind, CaseResult, Device, EvalResult, Language, Status, StepOutcome, Timing
 from optagent.search.accept import decide
 
@@ -56,3 +58,16 @@ def test_across_lanes_a_real_gain_still_wins_once_re_timed():
     pending = [(1, "s1", result(80.0, "lane 1 (GPU 1)")), (2, "s2", result(55.0, "lane 0"))]
     got = decide((0, "src0", result(100.0, "lane 0")), pending, 0.02, retime)
     assert got.winner == 2 and not retime.calls
+
+
+def test_an_unjudged_re_time_never_makes_a_candidate_faster_than_its_judged_timing():
+    """A re-time runs no judge (evaluation/pool.py): a candidate that is honest when first evaluated (judged,
+    90 us, a 10% gain: re-timed) and cheats in the re-time (40 us) counts with its judged 90 us."""
+    retime = Retimer({1: 40.0})
+    got = decide((0, "src0", result(100.0, "lane 0")), [(1, "src1", result(90.0, "lane 0"))], 0.02, retime)
+    assert retime.calls == [[0, 1]]
+    assert got.winner == 1 and got.verdicts[1].result.geomean_time_us == 90.0
+    # an honest candidate slower when re-timed keeps the slower, re-timed figure: it may then lose
+    retime = Retimer({1: 99.5})
+    got = decide((0, "src0", result(100.0, "lane 0")), [(1, "src1", result(90.0, "lane 0"))], 0.02, retime)
+    assert got.winner is None and got.verdicts[1].result.geomean_time_us == pytest.approx(99.5)

@@ -112,7 +112,7 @@ STATIC = {
     "obf_from_file": r"from_file",
     # the native timer's attacks (scan bypassed: TIMER below)
     "rebind_bench_globals": r"torch\.sys", "forge_case_ran": r"torch\.sys", "call_native_timer": r"torch\.sys",
-    "replace_timer_eager": r"torch\.sys", "report_pipe_garbage": r"imports os",
+    "replace_timer_eager": r"torch\.sys", "report_pipe_garbage": r"imports os", "records_dup2_relay": r"imports os",
     "mutate_input_unchecked": r"torch\.sys", "after_work_answer": r"torch\.sys",
     # CUDA: rejected from the source, before nvcc runs
     "cuda_system": r"runs other programs", "cuda_fopen": r"opens files", "cuda_getenv": r"reads the environment",
@@ -206,6 +206,8 @@ DYNAMIC = {
     "stale_output": (["smoke-1"], Status.INCORRECT, r"256 of 256 output elements not written", []),
     "cache_by_pointer": (["smoke-1"], Status.INCORRECT, r"not written", []),
     "skip_timed_call": (["smoke-1"], Status.INCORRECT, r"not written", []),
+    "timed_by_pointer": (["smoke-1"], Status.INCORRECT, r"not written", []),  # behaves differently when timed
+    "finish_later": (["smoke-1"], Status.INCORRECT, r"not written", []),  # work moved after the timed calls
     "mutate_input": (["smoke-1"], Status.REJECTED, r"modified its input argument\(s\) \[0\]", []),
     "mutate_kv_workspace": (["smoke-1"], Status.REJECTED, r"modified its input argument\(s\) \[2\]", []),
     "overfit_seqlen": (["smoke-1", "hidden-1"], Status.INCORRECT, r"^case hidden-1: relative error", []),
@@ -268,6 +270,8 @@ SCAN_OFF = {
     "forge_with_nonce": (Status.REJECTED, r"nonce|result channel|duplicate", []),
     "patch_bench_clock": (Status.REJECTED, r"timer|clock", []),
     "mutate_input_unchecked": (Status.REJECTED, r"modified its input argument\(s\) \[0\]", []),  # by the judge
+    # the timer's records relayed through a pipe of the kernel's own: no record the parent can authenticate
+    "records_dup2_relay": (Status.REJECTED, r"not written by the harness's timer|no eager timing record", []),
     # CUDA host code meets no audit hook: with the source scan off, the object scan stands
     "cuda_system": (Status.REJECTED, r"calls .*\bsystem\b", [NEEDS_BINUTILS]),
     "cuda_fopen": (Status.REJECTED, r"calls .*\bfopen\b", [NEEDS_BINUTILS]),
@@ -564,3 +568,13 @@ def test_gpu_honest_kernels_pass_under_the_guard(task):
         result = SandboxEvaluator(task, "cuda", specs, timeout_s=600).evaluate(task.starter(language).source,
                                                                               language)
         assert result.status is Status.PASSED, (language, result.reason)
+
+
+@pytest.mark.gpu
+def test_gpu_a_kernel_that_works_only_when_not_timed_is_caught(task):
+    """On the GPU too (more timed calls, a graph-replay loop): the timed calls it picks are judged.
+    (finish_later is not here: on the H200 (2026-12-02) it PASSED at the starter's speed, because with three
+    rotated input sets each timed call still launches one call's work, for the set timed before it, so
+    nothing left the timed window; on the CPU's few calls the last one's work never runs: INCORRECT.)"""
+    result = gpu_run(task, "timed_by_pointer", ["1", LARGE_CASE])
+    expect(result, Status.INCORRECT, r"not written|relative error")

@@ -149,3 +149,30 @@ def test_without_a_compiler_the_python_timer_is_used_and_said(tmp_path, monkeypa
     result = json.loads(done.stdout)
     assert result["status"] == "PASSED" and result["timer"] == "python"
     assert "timer: python (in-process; a candidate can rewrite it)" in done.stderr
+
+
+def test_a_loop_stops_once_its_median_holds_still(so):
+    """From min_iters on, a loop whose median moved by at most 0.3% over its last 10 calls ends (timer.c's
+    adaptive stop): a steady 2 ms call stops after 20-40 calls, long before its 30 s budget; a call that
+    keeps getting slower runs on to its budget."""
+    got = in_child(so, '''
+        import time
+        m.init(sr, rw, False, 20, 1000, 0, 3.0)
+        def steady():
+            t = time.perf_counter()
+            while time.perf_counter() - t < 0.002:
+                pass
+        n = [0]
+        def slower():
+            n[0] += 1
+            t = time.perf_counter()
+            while time.perf_counter() - t < 0.0005 * (1 + 0.05 * n[0]):
+                pass
+        m.session("a", 1, 1).eager("eager", steady, [[]], None)
+        m.session("b", 1, 1).eager("eager", slower, [[]], None)
+        ends = [json.loads(r[1]) for r in records()]
+        print(json.dumps({"calls": [e["calls"] for e in ends if e.get("type") == "end"]}))
+    ''')
+    steady, slower = got["calls"]
+    assert 20 <= steady <= 60, steady
+    assert slower > 100, slower

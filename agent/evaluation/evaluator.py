@@ -113,10 +113,12 @@ class SandboxEvaluator:
 
     def evaluate_on(self, source: str, language: Language, progress: Optional[ProgressSink] = None, *,
                     gate: Optional[Control] = None, control: Optional[Control] = None,
-                    baselines: Optional[Callable[[], list[Baseline]]] = None) -> EvalResult:
+                    baselines: Optional[Callable[[], list[Baseline]]] = None, judge: bool = True) -> EvalResult:
         """evaluate, as a pool runs it: the candidate process behind `gate` (its lane) and the judge
         under `control` (the lane's device, the pool's stop flag); `baselines` gives its lane's
-        baseline timings (evaluation/pool.py), which the candidate process then does not take."""
+        baseline timings (evaluation/pool.py), which the candidate process then does not take.
+        judge=False (a re-time): the candidate process runs exactly as always (it cannot tell), but no
+        judge checks its outputs; search/accept.py never lets such a timing beat a judged one."""
         start = time.monotonic()
         relay = PipeRelay(progress, self.cases) if progress else None
         sha = hashlib.sha256(source.encode()).hexdigest()
@@ -159,7 +161,7 @@ class SandboxEvaluator:
                     return self._judge(jjob, relay, control)
                 finally:
                     clock.judge_s = time.monotonic() - t0
-            result = assemble(job, run, judged, source_sha256=sha, timeout_s=self.timeout_s, started=start)
+            result = assemble(job, run, judged if judge else None, source_sha256=sha, timeout_s=self.timeout_s, started=start)
         finally:
             (keep_scratch if self.keep else remove_scratch)(scratch)
         result = result.model_copy(update={"costs": clock.costs()})

@@ -100,7 +100,9 @@ class LocalPool:
 
     def retime(self, jobs: Sequence[PoolJob], progress: Optional[ProgressSink] = None,
                stop: Optional[threading.Event] = None) -> list[EvalResult]:
-        """All on lane 0, held for the whole batch; compiled at once, timed back to back in order."""
+        """All on lane 0, held for the whole batch; compiled at once, timed back to back in order. Timing
+        only: no judge (each kernel was judged when first evaluated; search/accept.py lets no re-time
+        make a kernel faster than its judged timing)."""
         lane = self.lane_list[0]
         base = self._baseline(lane)
         waits.all_done([base])  # before the lane is held: the baseline job times in it too
@@ -129,7 +131,7 @@ class LocalPool:
             future = base if base is not None else self._baseline(lane)
             result = self.evaluator.evaluate_on(
                 job.source, job.language, stamped(sink, step=job.key), gate=Gate(lane, who, stop),
-                control=Control(lane.device, stop), baselines=lambda: _baselines_of(future))
+                control=Control(lane.device, stop), baselines=lambda: _baselines_of(future), judge=fixed is None)
             return result.model_copy(update={"timed_on": lane.name})
         finally:
             if fixed is None:

@@ -94,9 +94,10 @@ def candidate_line(traceback: str) -> Optional[int]:
     return None
 
 
-def assemble(job: Job, run: WorkerRun, judge: JudgeRunner, *, source_sha256: str, timeout_s: float,
+def assemble(job: Job, run: WorkerRun, judge: Optional[JudgeRunner], *, source_sha256: str, timeout_s: float,
              started: float, isolation: Optional[Isolation] = None) -> EvalResult:
-    """The EvalResult of a candidate run: its claims per case, checked by the judge (run only when a case ran).
+    """The EvalResult of a candidate run: its claims per case, checked by the judge (run only when a case ran;
+    never when ``judge`` is None: a re-time, whose timings the timer's records and the limits still check).
 
     ``isolation``: what the candidate process ran under, recorded in the verdict (the run's own by default)."""
     hello = run.first(Hello)
@@ -132,7 +133,7 @@ def assemble(job: Job, run: WorkerRun, judge: JudgeRunner, *, source_sha256: str
     expected = expected_checked(job)
     for label, more in timer.expected.items():
         expected[label] = expected.get(label, []) + more
-    if ran and not timer.reason:
+    if ran and not timer.reason and judge is not None:
         cases = _judged(job, run, ran, cases, judge, expected)
     status = worst([c.status for c in cases]) if cases else Status.RUNTIME_ERROR
     reason = next((f"case {c.case}: {c.reason}" for c in cases if c.status is status and c.reason), None)

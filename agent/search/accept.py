@@ -12,6 +12,10 @@ On arrival (``first_look``) a passing candidate's outcome is final unless it may
   Otherwise the PENDING ones are re-timed together with the incumbent, back to back on one lane
   (one Pool.retime a round), and those still faster by more than max(min_gain, noise) clear the rule; the
   largest gain wins. The incumbent, when it stays, keeps its fresh timing.
+A re-time is timing only (no judge checks its outputs), so it never makes a candidate faster than its
+judged timing: a candidate counts with the slower of the two (``judged_floor``), and one that works when
+first evaluated and cheats in a re-time gains nothing by it. The incumbent's fresh timing is kept as
+before (a record taken on a slow stretch of the host must not stay the bar); that figure is unjudged.
 """
 
 from __future__ import annotations
@@ -37,6 +41,14 @@ def noise(result: EvalResult) -> float:
 def gain(incumbent: EvalResult, result: EvalResult) -> Optional[float]:
     t_best, t_new = incumbent.geomean_time_us, result.geomean_time_us
     return t_best / t_new - 1 if t_best and t_new else None
+
+
+def judged_floor(judged: EvalResult, retimed: EvalResult) -> EvalResult:
+    """The re-time, unless it is faster than the judged timing (geomean): then the judged one."""
+    t_judged, t_again = judged.geomean_time_us, retimed.geomean_time_us
+    if retimed.status.ok and t_judged and t_again and t_again < t_judged:
+        return judged
+    return retimed
 
 
 def first_look(incumbent: EvalResult, result: EvalResult, min_gain: float) -> StepOutcome:
@@ -86,6 +98,7 @@ def decide(incumbent: tuple[int, str, EvalResult], pending: Sequence[tuple[int, 
                 verdicts[i] = Verdict(StepOutcome.NOT_BETTER, f"{head}; step {won} gained more: not re-timed", r)
         return Decision(verdicts, won)
     again = retime([(inc_step, inc_source)] + [(i, src) for i, src, _ in pending])
+    again = again[:1] + [judged_floor(r, a) for (_, _, r), a in zip(pending, again[1:])]
     again_best, fresh = again[0], bool(again[0].status.ok and again[0].geomean_time_us)
     verdicts, cleared = {}, {}
     for (i, _, first), again_new in zip(pending, again[1:]):

@@ -1,15 +1,13 @@
 """propose a round -> evaluate it -> record each step -> accept, until something says stop.
 
-Stop conditions are exceptions. The run is read once, when the loop starts
-(trajectory.py); from then on the loop works from memory. A round of ``width``
-candidates (their parents chosen by parents.py) is proposed and each proposal
-saved before anything is evaluated; the Pool evaluates them, and each step is
-committed as its result arrives: step.json, one rename, holding its result and
-any change of the best. A candidate that may beat the incumbent is committed
-PENDING, and once the round is in, the round's comparison (accept.py: at most
-one back-to-back re-time) rewrites those steps with their final outcome, the
-winner last, carrying the new best. A killed run resumes by evaluating the
-steps without step.json, then deciding any PENDING ones.
+Stop conditions are exceptions. The run is read once, when the loop starts (trajectory.py); from
+then on the loop works from memory. A round of ``width`` candidates (their parents chosen by
+parents.py) is proposed and each proposal saved before anything is evaluated; the Pool evaluates
+them, and each step is committed as its result arrives: step.json, one rename, holding its result
+and any change of the best. A candidate that may beat the incumbent is committed PENDING, and once
+the round is in, the round's comparison (accept.py: at most one back-to-back re-time) rewrites those
+steps with their final outcome, the winner last, carrying the new best. A killed run (or one cut
+off at its --time-limit, waits.py) resumes with the steps without step.json, then any PENDING ones.
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
+from optagent import waits
 from optagent.text import first_line
 from optagent.progress import Phase, Progress, ProgressSink, Subject
 from optagent.protocols import Memory, Planner, PlannerExhausted, PlannerWaiting, Pool, PoolJob
@@ -99,6 +98,8 @@ class Loop:
         for index, proposal in traj.unfinished:
             if proposal.source is not None and self.store.step_source(index) is None:  # removed by hand
                 self.store.save_candidate(index, proposal.source, self.config.language)
+        cut, limit = False, self.limits.time_limit_s  # cut: in flight at the deadline, unfinished, not failed
+        waits.set_deadline(self.started + limit if limit else None)
         try:
             if not traj.steps:  # the starter is proposed afresh
                 traj.unfinished = [p for p in traj.unfinished if p[0] != 0]
@@ -112,10 +113,14 @@ class Loop:
                 traj.unfinished = self._propose_round()
         except Stop as stop:
             status, reason = stop.status, str(stop)
-        except KeyboardInterrupt:
-            status = RunStatus.INTERRUPTED
-            reason = f"stopped by Ctrl-C; optagent resume {self.store.path.name} continues it"
-        if status is not RunStatus.INTERRUPTED and traj.best is None:
+        except (waits.DeadlineReached, KeyboardInterrupt) as e:  # cut off in flight: those steps stay unfinished
+            cut = isinstance(e, waits.DeadlineReached)
+            status = RunStatus.TIME_LIMIT if cut else RunStatus.INTERRUPTED
+            reason = (f"--time-limit {limit:g} s reached with work in flight (stopped)" if cut else "stopped by Ctrl-C") \
+                + f"; optagent resume {self.store.path.name} continues it"
+        finally:
+            waits.set_deadline(None)
+        if status is not RunStatus.INTERRUPTED and traj.best is None and not cut:
             status, reason = RunStatus.FAILED, self._nothing_passed(reason)
         self.state = self.state.model_copy(update={"status": status, "reason": reason, **self._totals(),
                                                    "updated_at": now()})
@@ -233,8 +238,7 @@ class Loop:
             why = f"the starter failed: {starter.result.status.value}: {first_line(starter.result.reason, 300) or '(no reason given)'}"
         else:
             why = f"the starter failed: {first_line(starter.error, 300) or '(no reason given)'}"
-        tried = self.trajectory.candidates
-        after = f"; nor did the {tried} candidate(s) after it" if tried else ""
+        after = f"; nor did the {n} candidate(s) after it" if (n := self.trajectory.candidates) else ""
         return f"no kernel passed: {why}{after} (stopped: {stopped})"
 
     def _check_limits(self) -> None:
@@ -261,9 +265,8 @@ class Loop:
         self._best_changed = True
 
     def _totals(self) -> dict:
-        traj = self.trajectory
-        return dict(steps=len(traj.steps), best_step=traj.best_step, usage=traj.usage,
-                    best_geomean_speedup=traj.best_speedup)
+        t = self.trajectory
+        return dict(steps=len(t.steps), best_step=t.best_step, usage=t.usage, best_geomean_speedup=t.best_speedup)
 
     def _commit(self, step: Step, source: Optional[str]) -> None:
         """The step's commit (its record, result and any change of the best), then the caches that follow it."""

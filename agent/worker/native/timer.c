@@ -34,6 +34,11 @@
 #define SLACK 1.3     /* host_speed.SLACK */
 #define MIN_KEPT 0.2  /* host_speed.MIN_KEPT */
 #define MAX_SETS 32
+/* Adaptive stop: from min_iters on, every STABLE_STEP calls, the loop ends once its median moved by at
+ * most STABLE_REL over the last STABLE_STEP calls (a stable GPU time needs ~30 calls, not the whole
+ * budget's hundreds; each call's redraw and flush cost more than a short kernel) */
+#define STABLE_STEP 10
+#define STABLE_REL 0.003
 #define MAX_KEEP 32
 #define NO_SEED (-1LL) /* the set still holds its base inputs */
 
@@ -249,17 +254,34 @@ typedef struct {
     long long seeds[MAX_SETS]; /* the refresh seed each set's inputs were last drawn from */
 } Session;
 
-static int more(long i, double start) {
+static double median_of(const double *x, long n, double *tmp) {
+    memcpy(tmp, x, (size_t)n * sizeof(double));
+    qsort(tmp, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? tmp[n / 2] : 0.5 * (tmp[n / 2 - 1] + tmp[n / 2]);
+}
+
+/* the median of the first i samples within STABLE_REL of that of the first i - STABLE_STEP */
+static int stable(const double *samples, long i, double *tmp) {
+    if (samples == NULL || tmp == NULL || i < S.min_iters || i < 2 * STABLE_STEP || i % STABLE_STEP != 0)
+        return 0;
+    double before = median_of(samples, i - STABLE_STEP, tmp), now = median_of(samples, i, tmp);
+    return fabs(now - before) <= STABLE_REL * now;
+}
+
+static int more(long i, double start, const double *samples, double *tmp) {
     if (i >= S.max_iters)
         return 0;
     double spent = now_s() - start;
     if (i < (SLOW_MIN_ITERS < S.min_iters ? SLOW_MIN_ITERS : S.min_iters))
         return 1;
+    if (stable(samples, i, tmp))
+        return 0;
     return spent < (i < S.min_iters ? 4 * S.budget_s : S.budget_s);
 }
 
 typedef struct {
     double *samples, *probes, *afters; /* afters: each timed call's `after`, up to a device sync */
+    double *tmp;                       /* the adaptive stop's sorted copy */
     Call kept[MAX_KEEP], last[MAX_SETS];
     int n_kept;
     long n, seen, n_after;
@@ -398,7 +420,8 @@ static int start_loop(Session *self, Loop *L, const char *kind) {
     L->samples = PyMem_Calloc((size_t)S.max_iters, sizeof(double));
     L->probes = PyMem_Calloc((size_t)S.max_iters, sizeof(double));
     L->afters = PyMem_Calloc((size_t)S.max_iters, sizeof(double));
-    if (L->samples == NULL || L->probes == NULL || L->afters == NULL) {
+    L->tmp = PyMem_Calloc((size_t)S.max_iters, sizeof(double));
+    if (L->samples == NULL || L->probes == NULL || L->afters == NULL || L->tmp == NULL) {
         PyErr_NoMemory();
         return -1;
     }
@@ -414,6 +437,7 @@ static void free_loop(Loop *L) {
     PyMem_Free(L->samples);
     PyMem_Free(L->probes);
     PyMem_Free(L->afters);
+    PyMem_Free(L->tmp);
 }
 
 /* Session.eager(kind, fn, arg_sets, after): wall time of fn(*set) up to a device-wide sync */
@@ -468,7 +492,7 @@ static PyObject *session_eager(Session *self, PyObject *args) {
         goto out;
     int host = S.cuda; /* GPU timings only: a CPU-interpreter time is a label */
     double start = now_s();
-    for (long i = 0; more(i, start); i++) {
+    for (long i = 0; more(i, start, L.samples, L.tmp); i++) {
         int set = (int)(i % n);
         if (flush_l2() < 0 || sync_device() < 0)
             goto out;
@@ -508,7 +532,7 @@ static PyObject *session_replay(Session *self, PyObject *args) {
     if (start_loop(self, &L, "gpu") < 0)
         goto out;
     double start = now_s();
-    for (long i = 0; more(i, start); i++) {
+    for (long i = 0; more(i, start, L.samples, L.tmp); i++) {
         int set = (int)(i % self->n_sets);
         float ms = 0;
         if (sync_device() < 0 || flush_l2() < 0)

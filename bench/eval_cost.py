@@ -1,0 +1,224 @@
+"""What one evaluation costs, package by package and language by language (issue 31).
+
+    python bench/eval_cost.py [--packages decode,add_rmsnorm,silu_mul_fp8] [--langs triton,cuda]
+                              [--budget S] [--widths 1,2,4] [--width-candidates N] [--json-out FILE]
+
+Everything goes through the evaluation pool a run uses (evaluation/pool.py, the same sandboxed
+candidate and judge processes, the lane's baselines timed once and reused), in this process, on
+each package's starter kernels. Per package and language it measures, while time is left:
+
+- two evaluations of the starter, one after the other (width 1): each one's wall time from the
+  submission to its verdict and its cost split (EvalResult.costs), and the GPU-busy share of that
+  wall time (nvidia-smi's utilisation, sampled every 100 ms: the share of time a kernel ran);
+- the repeatability of the two: the largest difference between their per-case medians (GPU time
+  by graph replay where there is one, else the eager time), in % of the smaller;
+- a re-time: the kernel and itself re-timed back to back on lane 0 (pool.retime), as a run does
+  with a candidate and its incumbent;
+
+then, per package, candidates an hour at each width in --widths: --width-candidates evaluations of
+the first language's starter submitted at once to a pool of that many jobs. Rows print as they
+are measured; --budget (seconds) stops starting new work once spent (whatever runs finishes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+from optagent.app.build import build_evaluator
+from optagent.costs import Costs
+from optagent.evaluation.pool import LocalPool
+from optagent.protocols import PoolJob
+from optagent.schema import Device, EvalResult, Language
+from optagent.task import load_task
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"decode": ROOT / "tasks" / "flashattn_task_package",
+            "add_rmsnorm": ROOT / "tests" / "fixtures" / "packages" / "add_rmsnorm",
+            "silu_mul_fp8": ROOT / "tests" / "fixtures" / "packages" / "silu_mul_fp8"}
+PHASES = list(Costs.model_fields)
+
+
+class GpuBusy:
+    """nvidia-smi's utilisation every 100 ms, in the background; busy(t0, t1) is the mean over a window."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float]] = []
+        self.proc: Optional[subprocess.Popen] = None
+        smi = shutil.which("nvidia-smi")
+        if smi:
+            self.proc = subprocess.Popen([smi, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+                                          "-lms", "100"], stdout=subprocess.PIPE, text=True)
+            threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc and self.proc.stdout
+        for line in self.proc.stdout:
+            try:
+                self.samples.append((time.monotonic(), float(line.split(",")[0])))
+            except ValueError:
+                continue
+
+    def busy(self, t0: float, t1: float) -> Optional[float]:
+        got = [u for t, u in self.samples if t0 <= t <= t1]
+        return sum(got) / len(got) if got else None
+
+    def close(self) -> None:
+        if self.proc:
+            self.proc.terminate()
+
+
+def case_medians(r: EvalResult) -> dict[str, float]:
+    return {c.case: (c.gpu_us or c.time_us) for c in r.cases if (c.gpu_us or c.time_us)}
+
+
+def spread_pct(a: EvalResult, b: EvalResult) -> Optional[float]:
+    ma, mb = case_medians(a), case_medians(b)
+    common = [k for k in ma if k in mb]
+    if not common:
+        return None
+    return max(abs(ma[k] - mb[k]) / min(ma[k], mb[k]) for k in common) * 100
+
+
+def _f(x: Optional[float], spec: str = ".1f") -> str:
+    return "-" if x is None else f"{x:{spec}}"
+
+
+HEADER = (f"{'package':<13} {'lang':<6} {'status':<9} {'wall s':>7} " + " ".join(f"{p[:7]:>7}" for p in PHASES)
+          + f" {'gpu%':>5} {'cand/h':>7} {'retime2':>8} {'rep%':>6}")
+
+
+class Bench:
+    def __init__(self, budget_s: float, device: Device, timeout_s: float):
+        self.deadline = time.monotonic() + budget_s
+        self.device = device
+        self.timeout_s = timeout_s
+        self.gpu = GpuBusy()
+        self.rows: list[dict] = []
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def pool(self, package: str, jobs: Optional[int]) -> LocalPool:
+        task = load_task(PACKAGES[package])
+        return LocalPool(build_evaluator(task, self.device, None, timeout_s=self.timeout_s), jobs=jobs)
+
+    def timed(self, pool: LocalPool, jobs: list[PoolJob]) -> tuple[list[EvalResult], float, Optional[float]]:
+        t0 = time.monotonic()
+        results = [r for _, r in sorted(pool.evaluate(jobs), key=lambda jr: jr[0].key)]
+        t1 = time.monotonic()
+        return results, t1 - t0, self.gpu.busy(t0, t1)
+
+    def language(self, package: str, lang: Language, evals: int = 2, retime: bool = True) -> None:
+        task = load_task(PACKAGES[package])
+        starter = task.starter(lang)
+        job = PoolJob(0, starter.source, lang)
+        # the run's default pool size: evaluations below go one at a time (width 1), and the re-time's two
+        # kernels compile and check at once and are timed back to back, as in a run
+        pool = self.pool(package, None)
+        row: dict = {"package": package, "lang": lang.value, "evals": []}
+        try:
+            # the lane's baselines first, as a run has them by its first candidate: not a candidate's cost
+            pool._baseline(pool.lane_list[0]).result()
+            for _ in range(evals):
+                if self.left() <= 0:
+                    break
+                (r,), wall, busy = self.timed(pool, [job])
+                row["evals"].append({"wall_s": wall, "gpu_busy": busy, "status": r.status.value,
+                                     "costs": r.costs.model_dump() if r.costs else None, "medians": case_medians(r),
+                                     "reason": r.reason})
+                row.setdefault("results", []).append(r)
+            if retime and row.get("results") and row["results"][0].status.ok and self.left() > 0:
+                t0 = time.monotonic()
+                pool.retime([job, PoolJob(1, starter.source, lang)])
+                row["retime2_s"] = time.monotonic() - t0
+        finally:
+            pool.close()
+        results = row.pop("results", [])
+        row["repeat_pct"] = spread_pct(*results) if len(results) == 2 else None
+        self.rows.append(row)
+        print_row(row)
+
+    def widths(self, package: str, lang: Language, widths: list[int], n: int) -> None:
+        source = load_task(PACKAGES[package]).starter(lang).source
+        for w in widths:
+            if self.left() <= 0:
+                return
+            pool = self.pool(package, w)
+            try:
+                pool._baseline(pool.lane_list[0]).result()
+                results, wall, busy = self.timed(pool, [PoolJob(i, source, lang) for i in range(n)])
+            finally:
+                pool.close()
+            ok = sum(r.status.ok for r in results)
+            print(f"width {package:<13} {lang.value:<6} w={w} {n} candidates ({ok} passed) in {wall:.1f} s: "
+                  f"{n / wall * 3600:.0f} cand/h, gpu busy {_f(busy, '.0f')}%", flush=True)
+            self.rows.append({"package": package, "lang": lang.value, "width": w, "n": n, "wall_s": wall,
+                              "gpu_busy": busy, "per_hour": n / wall * 3600})
+
+
+def print_row(row: dict) -> None:
+    evals = row["evals"]
+    if not evals:
+        print(f"{row['package']:<13} {row['lang']:<6} (no time left)", flush=True)
+        return
+    wall = statistics.median(e["wall_s"] for e in evals)
+    costs = [e["costs"] for e in evals if e["costs"]]
+    phase = {p: statistics.median(c[p] for c in costs) if costs else None for p in PHASES}
+    busy = [e["gpu_busy"] for e in evals if e["gpu_busy"] is not None]
+    print(f"{row['package']:<13} {row['lang']:<6} {evals[-1]['status']:<9} {wall:>7.1f} "
+          + " ".join(f"{_f(phase[p], '.2f'):>7}" for p in PHASES)
+          + f" {_f(statistics.mean(busy) if busy else None, '.0f'):>5} {3600 / wall:>7.0f}"
+          f" {_f(row.get('retime2_s')):>8} {_f(row.get('repeat_pct'), '.2f'):>6}"
+          f"   (walls {', '.join(format(e['wall_s'], '.1f') for e in evals)})", flush=True)
+    for e in evals:
+        if e["status"] != "PASSED":
+            print(f"    {e['status']}: {(e['reason'] or '')[:200]}", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--packages", default=",".join(PACKAGES))
+    p.add_argument("--langs", default="triton,cuda")
+    p.add_argument("--combos", default="", help="PACKAGE:LANG[:WIDTH],... in this order instead of packages x langs")
+    p.add_argument("--evals", type=int, default=2, help="evaluations per package and language (default 2)")
+    p.add_argument("--no-retime", action="store_true")
+    p.add_argument("--budget", type=float, default=540.0, help="seconds; no new work starts after (default 540)")
+    p.add_argument("--widths", default="", help="comma-separated pool widths for candidates/hour (default none)")
+    p.add_argument("--width-candidates", type=int, default=8)
+    p.add_argument("--width-packages", default="decode", help="packages the widths are measured on")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--json-out", type=Path)
+    a = p.parse_args()
+    bench = Bench(a.budget, Device(a.device), a.timeout)
+    langs = [Language(x) for x in a.langs.split(",") if x]
+    print(HEADER + "\n(wall s, phases: medians of two evaluations at width 1; gpu%: nvidia-smi busy share of the "
+          "evaluation; cand/h: 3600 / wall; retime2: two kernels re-timed back to back, s; rep%: max per-case "
+          "median difference of the two)", flush=True)
+    try:
+        combos = [tuple(c.split(":")) for c in a.combos.split(",") if c] or \
+            [(pk, lang.value) for pk in a.packages.split(",") if pk for lang in langs]
+        for combo in combos:  # PACKAGE:LANG, or PACKAGE:LANG:WIDTH for candidates/hour at that width here
+            if bench.left() > 0 and len(combo) == 3:
+                bench.widths(combo[0], Language(combo[1]), [int(combo[2])], a.width_candidates)
+            elif bench.left() > 0:
+                bench.language(combo[0], Language(combo[1]), a.evals, not a.no_retime)
+        widths = [int(w) for w in a.widths.split(",") if w]
+        for package in (x for x in a.width_packages.split(",") if x and widths):
+            bench.widths(package, langs[0], widths, a.width_candidates)
+    finally:
+        bench.gpu.close()
+        if a.json_out:
+            a.json_out.write_text(json.dumps(bench.rows, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

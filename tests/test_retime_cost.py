@@ -1,0 +1,79 @@
+"""A re-time is timing only, and no candidate's process leaves anything to the next one (real worker
+processes on the CPU, the decode package's first smoke case)."""
+
+from __future__ import annotations
+
+import pytest
+
+from optagent.evaluation import evaluator as evaluator_module
+from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
+from optagent.evaluation.pool import LocalPool
+from optagent.protocols import PoolJob
+from optagent.schema import Language, Status
+from optagent.task import load_task
+
+RUN_KERNEL = "def run_kernel(\n"
+
+
+def with_body(starter: str, prologue: str) -> str:
+    head, sep, rest = starter.partition(RUN_KERNEL)
+    signature, colon, body = rest.partition("):\n")
+    return head + sep + signature + colon + prologue + body
+
+
+@pytest.fixture
+def pool_and_modes(task_dir, monkeypatch):
+    """A local pool (one lane) over the sandboxed evaluator, and the mode of every worker process it starts."""
+    task = load_task(task_dir)
+    modes: list[str] = []
+    real = evaluator_module.run_worker
+
+    def counted(job, *args, **kwargs):
+        modes.append(job.mode)
+        return real(job, *args, **kwargs)
+    monkeypatch.setattr(evaluator_module, "run_worker", counted)
+    # the scan off in the state test: its kernel reaches for process state the scan would refuse
+    ev = SandboxEvaluator(task, "cpu", select_cases(task, "cpu", 0, None, hidden=False)[:1], timeout_s=150,
+                          static_scan=False)
+    pool = LocalPool(ev, jobs=2, devices=[None])
+    yield task, pool, modes
+    pool.close()
+
+
+def test_a_retime_runs_no_judge(pool_and_modes):
+    task, pool, modes = pool_and_modes
+    source = task.starter(Language.TRITON).source
+    [(_, first)] = list(pool.evaluate([PoolJob(0, source, Language.TRITON)]))
+    assert first.status is Status.PASSED and modes.count("judge") == 1
+    assert first.costs.judge > 0 and first.cases[0].rel_err is not None
+    modes.clear()
+    again = pool.retime([PoolJob(0, source, Language.TRITON), PoolJob(1, source, Language.TRITON)])
+    assert [r.status for r in again] == [Status.PASSED, Status.PASSED]
+    # two candidate processes and no judge (the lane's baseline job may run again: the host drifted)
+    assert modes.count("candidate") == 2 and "judge" not in modes, modes
+    assert all(r.costs.judge == 0 and r.cases[0].time_us for r in again)
+
+
+def test_no_state_is_carried_from_one_candidates_process_to_the_next(pool_and_modes):
+    """The first candidate leaves what it can in its process (a thread count, a mark on torch, a module of its
+    own in sys.modules); the second fails if it finds any of it. Each candidate gets a fresh process."""
+    task, pool, modes = pool_and_modes
+    starter = task.starter(Language.TRITON).source
+    leaves = with_body(starter, "    import sys, types\n    torch.set_num_threads(97)\n"
+                                "    torch.optagent_left_by_a = 1\n"
+                                "    sys.modules['optagent_left_by_a'] = types.ModuleType('optagent_left_by_a')\n")
+    finds = with_body(starter, "    import sys\n"
+                               "    if torch.get_num_threads() == 97 or hasattr(torch, 'optagent_left_by_a') \\\n"
+                               "            or 'optagent_left_by_a' in sys.modules:\n"
+                               "        raise RuntimeError('state left by an earlier candidate')\n")
+    assert "import sys" in leaves and "state left" in finds
+    [(_, a)] = list(pool.evaluate([PoolJob(0, leaves, Language.TRITON)]))
+    [(_, b)] = list(pool.evaluate([PoolJob(1, finds, Language.TRITON)]))
+    assert a.status is not Status.COMPILE_ERROR, a.reason  # it ran, whatever its verdict
+    assert b.status is Status.PASSED, b.reason
+    # and the check can fail: the same kernel finds the state when it is left in its own process
+    both = with_body(starter, "    import sys\n    if getattr(run_kernel, 'seen', False) and not hasattr(torch, "
+                              "'optagent_left_by_a'):\n        raise RuntimeError('no mark in its own process')\n"
+                              "    run_kernel.seen = True\n    torch.optagent_left_by_a = 1\n")
+    [(_, c)] = list(pool.evaluate([PoolJob(2, both, Language.TRITON)]))
+    assert c.status is not Status.RUNTIME_ERROR or "no mark" not in (c.reason or ""), c.reason
