@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 from optagent.schema import Isolation, Mechanism
 from optagent.settings import RLIMITS_ENV, settings
@@ -89,7 +89,8 @@ def over_memory(text: str, iso: Isolation, device: str) -> Optional[str]:
 class LogTap:
     """Drains a worker's stdout+stderr into `path`, at most `cap` bytes on disk, the tail in memory."""
 
-    def __init__(self, fd: int, path: Path, cap: int):
+    def __init__(self, fd: int, path: Union[Path, int], cap: int):
+        """path: the log file, or a descriptor the caller opened safely for it (evaluation/safe_files.py)."""
         self.fd, self.cap, self.total = fd, cap, 0
         self.file = open(path, "wb")
         self.tail = bytearray()
