@@ -31,6 +31,7 @@ from optagent.evaluation.profiler import Profiler
 from optagent.evaluation.safe_files import open_samples
 from optagent.evaluation.sandbox import WorkerRun, keep_scratch, new_scratch, remove_scratch, run_worker, scratch_fd
 from optagent.evaluation.verdict import assemble, timed_by_timer
+from optagent.text import plain_tree
 from optagent.messages import Baseline, CaseSpec, Done, Job, Probed, TimingSpec, WorkerError
 from optagent.progress import Phase, PipeRelay, Progress, ProgressSink
 from optagent.schema import CaseKind, Device, EvalResult, Isolation, Language, Status, TimerKind
@@ -171,8 +172,10 @@ class SandboxEvaluator:
         result = result.model_copy(update={"costs": clock.costs()})
         if self.profiler is not None and result.status is Status.PASSED:
             result = self._profiled(result, source, language, progress, gate, control)
-        # A kernel that reads a secret and raises it would put it in a reason or the log.
-        return EvalResult.model_validate_json(redact(result.model_dump_json()))
+        # A kernel that reads a secret and raises it would put it in a reason or the log; and what it
+        # printed or raised is shown as plain text, no control character in it (text.plain).
+        result = EvalResult.model_validate_json(redact(result.model_dump_json()))
+        return EvalResult.model_validate(plain_tree(result.model_dump(mode="json")))
 
     def _profiled(self, result: EvalResult, source: str, language: Language, progress: Optional[ProgressSink],
                   gate: Optional[Control], control: Optional[Control]) -> EvalResult:
