@@ -120,6 +120,7 @@ class CaseResult(Record):
 class Mechanism(str, enum.Enum):
     BWRAP = "bwrap"  # bubblewrap: namespaces, a read-only file system, a private /tmp and /proc
     UNSHARE = "unshare"  # util-linux unshare: namespaces only, the file system stays writable
+    LANDLOCK = "landlock"  # Landlock: all but the scratch directory read-only (unshare's namespaces where they work)
     NONE = "none"
 
 

@@ -88,8 +88,9 @@ def test_every_fixture_names_its_class_and_verdict():
     assert {p.stem for p in files} <= listed, {p.stem for p in files} - listed
 
 
-# Fixtures run by other modules: the parent as a deputy (test_deputy.py), the console (test_plain_text.py).
-ELSEWHERE = {"plant_fifo", "plant_symlink", "outputs_link", "console_markup"}
+# Fixtures run by other modules: the parent as a deputy (test_deputy.py), the console (test_plain_text.py),
+# the file system without bwrap (test_landlock.py).
+ELSEWHERE = {"plant_fifo", "plant_symlink", "outputs_link", "console_markup", "write_outside"}
 
 
 # ---------------------------------------------------------------------------- rejected before running

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
-from optagent.schema import Isolation, Mechanism
+from optagent.schema import Isolation
 from optagent.settings import RLIMITS_ENV, settings
 
 OUTPUT_BYTES = 64 << 20
@@ -69,12 +69,12 @@ def record(iso: Isolation, limits: Limits) -> Isolation:
                                   "output_mib": limits.output_bytes >> 20})
 
 
-def rlimits(limits: Limits, device: str, mech: Mechanism) -> dict[str, str]:
+def rlimits(limits: Limits, device: str, user_ns: bool) -> dict[str, str]:
     """The environment entry that tells the worker which rlimits to set on itself."""
     items = []
     if device == "cpu" and limits.memory_bytes:
         items.append(f"DATA={limits.memory_bytes}")
-    if mech is not Mechanism.NONE:  # outside a user namespace RLIMIT_NPROC counts all of the user's processes
+    if user_ns:  # outside a user namespace RLIMIT_NPROC counts all of the user's processes
         items.append(f"NPROC={limits.tasks}")
     return {RLIMITS_ENV: ",".join(items)} if items else {}
 

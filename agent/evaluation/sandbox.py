@@ -234,12 +234,13 @@ def _command(job: Job, scratch: Path, job_file: str, wfd: int, marker: str, mech
     """The worker's command line and environment under `mech`. Only the judge may write the cache
     (measured ceilings, host speed); a candidate's compiler runs inside its sandbox, so its path is readable."""
     env = isolation.worker_env(child_env(job.device, marker), mech, scratch)
-    env.update(rlimits(limits, job.device, mech))
+    env.update(rlimits(limits, job.device, isolation.describe(mech).user_ns))
     writable = [cache_root()] if job.mode == "judge" else []
     for w in writable:
         w.mkdir(parents=True, exist_ok=True)
     reads = [p for p in (job.compiler or []) + (settings().nvcc or "").split() if os.path.isabs(p)]
     reads += [str(Path(p).resolve().parent) for p in prefix[:1] if os.path.isabs(p)]  # ncu's own folder
+    env.update(isolation.landlock_env(mech, scratch, writable))
     argv = [*prefix, sys.executable, "-m", "optagent.worker", job_file, str(wfd)]
     return isolation.wrap(argv, env, mech, scratch, job.device, job.task_dir, writable, reads), env
 
