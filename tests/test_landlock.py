@@ -74,7 +74,11 @@ def test_no_sandbox_refuses_to_evaluate_with_what_to_install(monkeypatch, capsys
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0, err
     assert "no sandbox for candidate kernels here" in err and "apt-get install bubblewrap" in err
-    assert "OPTAGENT_ISOLATION=none" in err
+    assert "--isolation none" in err
+    monkeypatch.setenv(isolation.ENV, "auto")
+    assert main(["eval", str(ROOT / "tasks/flashattn_task_package"), str(ATTACKS / "read_env.py"), "--device", "cpu",
+                 "--isolation", "none"]) == 1  # named: it runs (the scan rejects this one)
+    assert "isolation: none" in capsys.readouterr().out
     monkeypatch.setenv(isolation.ENV, "landlock")
     with pytest.raises(Exception, match="landlock: Landlock is not available"):
         isolation.mechanism()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -168,6 +169,8 @@ def main(argv: Optional[list[str]] = None,
         hide_secrets()
     parser = build_parser(extra)
     a = parser.parse_args(argv)
+    if getattr(a, "isolation", None):  # read where the sandbox is chosen (evaluation/isolation.py)
+        os.environ["OPTAGENT_ISOLATION"] = a.isolation
     err = console(stderr=True)
     try:
         return int(a.fn(a) or 0)
