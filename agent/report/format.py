@@ -86,8 +86,10 @@ def isolation_line(iso: Isolation) -> str:
     if iso.mechanism is Mechanism.NONE:
         return f"[bold yellow]isolation: none[/] (the candidate ran as your user, with your files and network){tail}"
     kept = [name for name, on in (("user", iso.user_ns), ("pid", iso.pid_ns), ("net", iso.no_network)) if on]
-    fs = "read-only file system" if iso.ro_fs else "writable file system"
-    return f"isolation: {iso.mechanism.value} ({'+'.join(kept)} namespaces, {fs}){tail}"
+    spaces = f"{'+'.join(kept)} namespaces" if kept else "no namespaces"
+    if not iso.ro_fs:  # asked for by name (--isolation unshare): it stands out as none does
+        return f"[bold yellow]isolation: {iso.mechanism.value}[/] ({spaces}, writable file system){tail}"
+    return f"isolation: {iso.mechanism.value} ({spaces}, read-only file system){tail}"
 
 
 def cost_line(costs: Costs, wall_s: float) -> str:
