@@ -19,7 +19,7 @@ from pathlib import Path
 
 from optagent.worker import lane  # noqa: F401 (first: its clock starts the cost split's imports)
 from optagent.messages import Channel, Job, WorkerError
-from optagent.worker import landlock
+from optagent.worker import landlock, seccomp
 from optagent.worker.limits import apply_rlimits
 
 
@@ -41,6 +41,8 @@ def main() -> None:
     chan = Channel(int(sys.argv[2]), job.nonce)
     try:
         landlock.apply_from_env()  # before any package or candidate code: the file system read-only but scratch
+        if job.mode in ("candidate", "profile"):  # the processes that load candidate code
+            seccomp.restrict()
         if job.mode in ("candidate", "baseline") and job.timer is not None:
             # argv: ... RESULT_FD SECRET_FD REPORT_FD; before any candidate code. The baseline job's
             # timings come from the same timer, so a pool's speedups compare like with like.
