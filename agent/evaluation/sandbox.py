@@ -143,7 +143,7 @@ def _run(job: Job, timeout_s: float, on_message: Optional[Callable[[Message], No
     mech = isolation.mechanism()
     limits = limits_for(job.device)
     report = ReportPipe() if job.mode in ("candidate", "baseline") and job.timer is not None else None
-    argv, env = _command(job, scratch, f"fd:{job_fd}", wfd, marker, mech, limits, prefix)
+    argv, env = _command(job, scratch, f"fd:{job_fd}", wfd, marker, mech, limits, prefix, timeout_s)
     control = control or Control()
     env.update(control.env)
     argv += [str(fd) for fd in report.child_fds] if report else []
@@ -168,7 +168,7 @@ def _run(job: Job, timeout_s: float, on_message: Optional[Callable[[Message], No
     if report:
         report.started()
     tap = LogTap(lfd, log_fd, limits.output_bytes)
-    watch = Watch(proc.pid, limits, tap, job.mode)
+    watch = Watch(proc.pid, limits, tap, job.mode, scratch)
     limit: Optional[str] = None
     chunks: list[bytes] = []
     timed_out = False
@@ -230,11 +230,11 @@ def _run(job: Job, timeout_s: float, on_message: Optional[Callable[[Message], No
 
 
 def _command(job: Job, scratch: Path, job_file: str, wfd: int, marker: str, mech: Mechanism,
-             limits, prefix: Sequence[str] = ()) -> tuple[list[str], dict[str, str]]:
+             limits, prefix: Sequence[str] = (), timeout_s: Optional[float] = None) -> tuple[list[str], dict[str, str]]:
     """The worker's command line and environment under `mech`. Only the judge may write the cache
     (measured ceilings, host speed); a candidate's compiler runs inside its sandbox, so its path is readable."""
     env = isolation.worker_env(child_env(job.device, marker), mech, scratch)
-    env.update(rlimits(limits, job.device, isolation.describe(mech).user_ns))
+    env.update(rlimits(limits, job.device, isolation.describe(mech).user_ns, timeout_s))
     writable = [cache_root()] if job.mode == "judge" else []
     for w in writable:
         w.mkdir(parents=True, exist_ok=True)
