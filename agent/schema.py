@@ -125,8 +125,7 @@ class Mechanism(str, enum.Enum):
 
 
 class Isolation(Record):
-    """What the operating system kept from the candidate process (evaluation/isolation.py).
-    The default is what every evaluation had before isolation was recorded: none."""
+    """What the OS kept from the candidate process (evaluation/isolation.py); by default none, as before."""
 
     mechanism: Mechanism = Mechanism.NONE
     user_ns: bool = False  # its own user namespace, mapped to an unprivileged uid
