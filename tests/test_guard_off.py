@@ -80,7 +80,7 @@ CONTAINED: dict[str, list[Callable[[EvalResult, Path], Optional[str]]]] = {
     "side_thread": [not_passed], "patch_perf_counter": [not_passed], "patch_bench_clock": [not_passed],
     "os_exit": [not_passed], "read_env": [no_key], "read_parent_env": [no_key], "scan_environ": [no_key],
     "torch_decoy": [not_passed], "forge_result": [not_passed], "forge_with_nonce": [not_passed],
-    "mutate_input_unchecked": [not_passed], "ns_escape": [no_escape],
+    "mutate_input_unchecked": [not_passed], "records_dup2_relay": [not_passed], "ns_escape": [no_escape],
 }
 
 
