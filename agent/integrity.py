@@ -79,6 +79,33 @@ JIT_DECORATORS = {"jit", "autotune", "heuristics", "prim_func", "macro"}
 FORMAT_ATTR = re.compile(r"\{[^{}]*\.(_\w*|f_\w+|tb_\w+)")  # "{0.__globals__}".format(f) walks attributes too
 
 
+def _kernels(tree: ast.AST, aliases: dict[str, str], roots: tuple[str, ...] = ("triton", "tilelang")) -> list[ast.AST]:
+    """The functions decorated as device code by Triton's or TileLang's own decorators: the decorator
+    must resolve through the file's imports (a local function named `jit` marks nothing)."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for d in node.decorator_list:
+                d = d.func if isinstance(d, ast.Call) else d
+                parts = _parts(d, aliases)
+                if _imported(d, aliases) and parts[0] in roots and parts[-1] in JIT_DECORATORS:
+                    out.append(node)
+                    break
+    return out
+
+
+def _imports(tree: ast.AST) -> dict[str, str]:
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0):
+            base = node.module if isinstance(node, ast.ImportFrom) else None
+            for alias in node.names:
+                full = f"{base}.{alias.name}" if base else alias.name
+                aliases[alias.asname or (alias.name if base else full.split(".")[0])] = \
+                    full if (alias.asname or base) else full.split(".")[0]
+    return aliases
+
+
 def _parts(node: ast.AST, aliases: dict[str, str]) -> list[str]:
     """a.b.c -> [*resolved a, 'b', 'c'] (imports resolved); '?' for a root that is not a name."""
     attrs = []
@@ -151,16 +178,14 @@ def scan_python(source: str) -> Optional[str]:
     except (SyntaxError, ValueError):
         return None  # python_syntax_error's, reported first as COMPILE_ERROR with the line
     aliases: dict[str, str] = {}
-    device: set[int] = set()  # nodes inside @triton.jit / autotune / prim_func functions
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             why = _import_why(node, aliases)
             if why:
                 return why
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            decos = [d.func if isinstance(d, ast.Call) else d for d in node.decorator_list]
-            if any((d.attr if isinstance(d, ast.Attribute) else getattr(d, "id", "")) in JIT_DECORATORS for d in decos):
-                device.update(id(n) for n in ast.walk(node))
+    device: set[int] = set()  # nodes inside @triton.jit / autotune / prim_func functions (imported ones)
+    for node in _kernels(tree, aliases):
+        device.update(id(n) for n in ast.walk(node))
     for _ in range(2):  # `cuda = torch.cuda` makes cuda an alias too (two rounds: chains of aliases)
         for node in ast.walk(tree):
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
@@ -229,11 +254,16 @@ def scan_cuda(source: str) -> Optional[str]:
 
 
 def has_own_kernel(source: str, language: Language) -> bool:
+    """Read from the code, not the text: a docstring or comment that says `@triton.jit` or `__global__`
+    is no kernel, nor is a function decorated by a local `jit`."""
     if language is Language.CUDA:
-        return "__global__" in source
-    if language is Language.TRITON:
-        return re.search(r"@\s*triton\.jit|@\s*jit\b|@\s*triton\.autotune", source) is not None
-    return re.search(r"T\.prim_func|@\s*(tilelang\.)?jit", source) is not None
+        code = re.sub(r"//[^\n]*|/\*.*?\*/|\"(?:\\.|[^\"\\\n])*\"", "", source.replace("\\\n", ""), flags=re.S)
+        return re.search(r"\b__global__\b", code) is not None
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return False
+    return bool(_kernels(tree, _imports(tree), ("triton",) if language is Language.TRITON else ("tilelang",)))
 
 
 def static_verdict(source: str, language: Language) -> Optional[str]:

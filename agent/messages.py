@@ -48,6 +48,7 @@ class Sample(Part):
     refresh_seed: Optional[int] = None
     file: str
     sha256: str
+    fd: Optional[int] = None  # judge: the descriptor the parent opened the file by (evaluation/safe_files.py)
 
 
 class NativeTimerSpec(Part):
@@ -86,6 +87,8 @@ class Job(Record):
     time_baseline: bool = True  # candidate: time the baselines first (off where a pool times them once per lane)
     timer: Optional[NativeTimerSpec] = None  # candidate: the native timer (None: the Python one)
     expected: dict[str, list[ExpectedSample]] = Field(default_factory=dict)  # judge: samples that must exist
+    # candidate: the in-process guard (worker/guard.py); off only in tests that show the OS contains it alone
+    guard: bool = True
 
 
 class Message(Part):

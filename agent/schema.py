@@ -120,12 +120,12 @@ class CaseResult(Record):
 class Mechanism(str, enum.Enum):
     BWRAP = "bwrap"  # bubblewrap: namespaces, a read-only file system, a private /tmp and /proc
     UNSHARE = "unshare"  # util-linux unshare: namespaces only, the file system stays writable
+    LANDLOCK = "landlock"  # Landlock: all but the scratch directory read-only (unshare's namespaces where they work)
     NONE = "none"
 
 
 class Isolation(Record):
-    """What the operating system kept from the candidate process (evaluation/isolation.py).
-    The default is what every evaluation had before isolation was recorded: none."""
+    """What the OS kept from the candidate process (evaluation/isolation.py); by default none, as before."""
 
     mechanism: Mechanism = Mechanism.NONE
     user_ns: bool = False  # its own user namespace, mapped to an unprivileged uid

@@ -45,9 +45,10 @@ class Settings(BaseModel):
                         description="measured ceilings, package probes, builds, the host-speed record")
     scratch: Path = Field(default_factory=lambda: Path.home() / ".cache" / "optagent" / "scratch",
                           description="the evaluations' scratch directories")
-    isolation: Literal["auto", "bwrap", "unshare", "none"] = Field(
-        "auto", description="the OS isolation of worker processes; auto: the strongest that works here",
-        json_schema_extra=_must("one of auto, bwrap, unshare, none"))
+    isolation: Literal["auto", "bwrap", "landlock", "unshare", "none"] = Field(
+        "auto", description="the OS isolation of worker processes; auto: bwrap, else Landlock, else none is "
+        "started (unshare and none run candidates on a writable file system: only when named)",
+        json_schema_extra=_must("one of auto, bwrap, landlock, unshare, none"))
     memory_limit_gib: Optional[float] = Field(
         None, ge=0, description="a worker's memory limit (0: none); default 8 GiB on CPU, half the memory on a GPU",
         json_schema_extra=_must("a number of GiB >= 0 (0: no memory limit)"))
@@ -83,6 +84,7 @@ def env_name(field: str) -> str:
 RLIMITS_ENV = env_name("rlimits")  # the rlimits a worker sets on itself (evaluation/limits.py)
 LANE_FD_ENV = env_name("lane_fd")  # the descriptor of a timing lane's gate (worker/lane.py)
 SANDBOX_ENV = env_name("sandbox")  # marks a worker's process tree, so a killed one's is found
+LANDLOCK_ENV = env_name("landlock")  # the paths a worker under Landlock may write (worker/landlock.py)
 # What a worker (and a Ray lane actor) inherits of the user's settings.
 CACHE_ENV, SCRATCH_ENV, NVCC_ENV = env_name("cache"), env_name("scratch"), env_name("nvcc")
 ISOLATION_ENV, MEMORY_ENV, CPU_LANES_ENV = env_name("isolation"), env_name("memory_limit_gib"), env_name("cpu_lanes")

@@ -33,7 +33,8 @@ while i < len(args) and args[i].startswith("--"):
 program = args[i:]
 log = flags.get("--log-file")
 out = open(log, "w") if log else sys.stdout
-labels = [c["label"] for c in json.load(open(program[3]))["cases"]]  # python -m optagent.worker JOB FD
+job = program[3]  # python -m optagent.worker fd:JOB_FD FD: a fresh open of the memfd leaves the worker's offset
+labels = [c["label"] for c in json.load(open("/proc/self/fd/" + job[3:] if job.startswith("fd:") else job))["cases"]]
 if COUNT:
     with open(COUNT, "a") as f:
         f.write("called\n")

@@ -76,7 +76,7 @@ def test_a_bad_isolation_value_is_one_line(monkeypatch, capsys):
     monkeypatch.setenv("OPTAGENT_ISOLATION", "chroot")
     assert main(["eval", str(ROOT / "tasks/flashattn_task_package"), str(STARTER), "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "OPTAGENT_ISOLATION='chroot': must be one of auto, bwrap, unshare, none" in err
+    assert err.count("\n") == 0 and "OPTAGENT_ISOLATION='chroot': must be one of auto, bwrap, landlock, unshare, none" in err
     monkeypatch.setenv("OPTAGENT_ISOLATION", "auto")
     monkeypatch.setenv("OPTAGENT_MEMORY_LIMIT_GIB", "lots")
     assert main(["eval", str(ROOT / "tasks/flashattn_task_package"), str(STARTER), "--device", "cpu"]) == 2

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from optagent.text import plain
 from optagent.cli.options import add_runs_dir
 from optagent.cli.views import console, human_console, print_json
 from optagent.report.format import fmt, keep_ids_whole, print_eval
@@ -45,19 +46,19 @@ def cmd_show(a) -> int:
         step = next((s for s in steps if s.index == a.step), None)
         if step is None:
             raise RunError(f"{store.path}: no finished step {a.step}")
-        con.print(f"step {step.index}: {step.outcome.value} - {step.idea}", markup=False)
+        con.print(plain(f"step {step.index}: {step.outcome.value} - {step.idea}", markup=False), markup=False)
         if step.retime_note:
             con.print(step.retime_note, markup=False)
         if step.result:
             print_eval(con, step.result)
         elif step.error:
-            con.print(step.error, markup=False)
+            con.print(plain(step.error, markup=False), markup=False)
         return 0
     best = store.best()
     shown = status_text(store, status, driven, a.run_id if os.sep in a.run_id else cfg.run_id)
     con.print(f"run {cfg.run_id}: task {cfg.task_name} ({cfg.task_dir}), {cfg.language.value} on {cfg.device.value}, "
               f"planner {cfg.planner.value}{'/' + cfg.model if cfg.model else ''}; status {shown}"
-              + (f" ({st.reason})" if st and st.reason else ""),
+              + (f" ({plain(st.reason, markup=False)})" if st and st.reason else ""),
               markup=False, soft_wrap=True)
     t = Table(title_justify="left")
     tokens = any(s.usage.prompt_tokens or s.usage.completion_tokens for s in steps)
@@ -68,7 +69,7 @@ def cmd_show(a) -> int:
         t.add_row(str(s.index), fmt(up.get(s.index), "d"), s.outcome.value, s.result.status.value if s.result else "-",
                   fmt(s.result.geomean_speedup if s.result else None, ".2f", "x"),
                   fmt(s.result.geomean_time_us if s.result else None, ".1f"),
-                  *((token_text(s.usage),) if tokens else ()), s.idea[:80])
+                  *((token_text(s.usage),) if tokens else ()), plain(s.idea[:80], markup=True))
     con.print(t)
     if best:
         con.print(f"lineage of the best (step {best_step(steps)}): {lineage_text(steps, best_step(steps), ideas=True)}",

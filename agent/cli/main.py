@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -18,7 +19,7 @@ from optagent.secret_env import hide_secrets
 from optagent.evaluation.evaluator import CaseListError
 # UserError lives in inputs so that `python -m optagent.cli.main` (cli as __main__) catches the same class
 from optagent.cli.inputs import OneLineParser
-from optagent.settings import EnvError, UserError
+from optagent.settings import ISOLATION_ENV, EnvError, UserError
 from optagent.app.evaluate import evaluate
 from optagent.cli.browse import add_browse_commands
 from optagent.app.build import resolve_device
@@ -168,6 +169,8 @@ def main(argv: Optional[list[str]] = None,
         hide_secrets()
     parser = build_parser(extra)
     a = parser.parse_args(argv)
+    if getattr(a, "isolation", None):  # read where the sandbox is chosen (evaluation/isolation.py)
+        os.environ[ISOLATION_ENV] = a.isolation
     err = console(stderr=True)
     try:
         return int(a.fn(a) or 0)

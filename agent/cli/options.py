@@ -24,6 +24,9 @@ def add_eval_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compiler", help="CUDA compiler command template, e.g. "
                    "'nvcc -O3 -shared -Xcompiler -fPIC {arch} -o {out} {src}' (or OPTAGENT_NVCC)")
     p.add_argument("--no-hidden", action="store_true", help="skip the manifest's hidden integrity cases")
+    p.add_argument("--isolation", choices=["auto", "bwrap", "landlock", "unshare", "none"],
+                   help="the sandbox (default auto: bwrap, else Landlock, else refuse); unshare (a writable file "
+                        "system) and none run candidate kernels only when named (or OPTAGENT_ISOLATION)")
     add_profile_option(p)
 
 

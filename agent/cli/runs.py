@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from optagent.text import first_line
+from optagent.text import first_line, plain
 from optagent.app.build import build_evaluator, build_pool, profile_notice, run_evaluator
 from optagent.app.runs import RunRequest, create_run, drive, hand_over, preflight
 from optagent.cli.language import pick_language
@@ -39,7 +39,7 @@ def _progress(con, t0: float, live=None):
         con.print(f"step {step.index:>3}  [{style}]{status:<13}[/] {step.outcome.value:<10} "
                   f"{ratio(gm):>8} {us:>11}  best {ratio(state.best_geomean_speedup):>8}  "
                   f"tokens {state.usage.prompt_tokens + state.usage.completion_tokens:>7}  "
-                  f"${state.usage.cost_usd:.2f}  {elapsed:6.0f}s  {step.idea[:70]}", soft_wrap=True)
+                  f"${state.usage.cost_usd:.2f}  {elapsed:6.0f}s  {plain(step.idea[:70], markup=True)}", soft_wrap=True)
         why = step.error or (r.reason if r and not r.status.ok else None)
         if why and why.strip():  # why it failed, so a broken environment does not read as a bad kernel
             con.print(f"          {first_line(why, 150)}", markup=False)
@@ -47,7 +47,8 @@ def _progress(con, t0: float, live=None):
                       and c.profile.status is ProfileStatus.NO_COUNTERS), None)
         if stuck and not told:  # said once: the profiler stops trying for the rest of the run
             told.append(stuck)
-            con.print(f"profile: ncu cannot read the GPU's counters here ({stuck.reason}): no profiles", markup=False,
+            con.print(f"profile: ncu cannot read the GPU's counters here ({plain(stuck.reason, markup=False)}): "
+                      "no profiles", markup=False,
                       soft_wrap=True)
     return on_step
 
@@ -81,7 +82,7 @@ def _run_and_report(store: RunStore, task: TaskPackage, a, con, planner: Planner
     outcome = f"{state.status.value}: {state.reason or 'stopped'}. {state.steps} step{'s' * (state.steps != 1)}"
     if best:
         outcome += f"; best geomean speedup {ratio(state.best_geomean_speedup)} (step {state.best_step})"
-    con.print(outcome, markup=False, soft_wrap=True)
+    con.print(plain(outcome, markup=False), markup=False, soft_wrap=True)
     if best:
         con.print(f"best kernel: {store.path / 'best'}")
     if a.json:

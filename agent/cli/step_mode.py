@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from optagent.text import first_line
+from optagent.text import first_line, plain
 from optagent.settings import UserError
 from optagent.cli.options import add_runs_dir
 from optagent.cli.views import human_console, print_json
@@ -39,7 +39,8 @@ def _print(a, fb: Feedback) -> int:
     con = human_console(a)
     for s in fb.steps:
         geo = f"{s.geomean_speedup:.3f}x" if s.geomean_speedup else "-"
-        con.print(f"step {s.index}: {s.outcome.value} {s.status.value if s.status else '-'} {geo}  {s.idea}",
+        con.print(plain(f"step {s.index}: {s.outcome.value} {s.status.value if s.status else '-'} {geo}  {s.idea}",
+                        markup=False),
                   markup=False, soft_wrap=True)
         if s.reason and (s.status is None or not s.status.ok):
             con.print(f"  {first_line(s.reason, 200)}", markup=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import re
 import secrets
 import sys
@@ -27,8 +28,10 @@ from optagent.evaluation.lanes import Control
 from optagent.evaluation.limits import limits_for, record
 from optagent.evaluation.native_build import native_timer
 from optagent.evaluation.profiler import Profiler
-from optagent.evaluation.sandbox import WorkerRun, keep_scratch, new_scratch, remove_scratch, run_worker
+from optagent.evaluation.safe_files import open_samples
+from optagent.evaluation.sandbox import WorkerRun, keep_scratch, new_scratch, remove_scratch, run_worker, scratch_fd
 from optagent.evaluation.verdict import assemble, timed_by_timer
+from optagent.text import plain_tree
 from optagent.messages import Baseline, CaseSpec, Done, Job, Probed, TimingSpec, WorkerError
 from optagent.progress import Phase, PipeRelay, Progress, ProgressSink
 from optagent.schema import CaseKind, Device, EvalResult, Isolation, Language, Status, TimerKind
@@ -91,11 +94,13 @@ def choose_cases(task: TaskPackage, device: Device, cases: Optional[str], hidden
 class SandboxEvaluator:
     def __init__(self, task: TaskPackage, device: Device, cases: list[CaseSpec], timeout_s: float = TIMEOUT_S,
                  compiler: Optional[list[str]] = None, keep_scratch: bool = False,
-                 scratch_root: Optional[Path] = None, static_scan: bool = True, profile: bool = False):
+                 scratch_root: Optional[Path] = None, static_scan: bool = True, profile: bool = False,
+                 guard: bool = True):
         self.task, self.device, self.cases = task, Device(device), cases
         self.timeout_s, self.compiler, self.keep = timeout_s, compiler, keep_scratch
         self.scratch_root = scratch_root
         self.static_scan = static_scan  # off only in tests of the dynamic defences behind it
+        self.guard = guard  # the in-process guard: off only in tests of the operating system's containment
         isolation.mechanism()  # a bad OPTAGENT_ISOLATION, or a forced mechanism that does not work, fails here
         limits_for(device)  # and so does a bad OPTAGENT_MEMORY_LIMIT_GIB
         self.profiler = Profiler.found() if profile else None  # and a bad OPTAGENT_NCU
@@ -167,8 +172,10 @@ class SandboxEvaluator:
         result = result.model_copy(update={"costs": clock.costs()})
         if self.profiler is not None and result.status is Status.PASSED:
             result = self._profiled(result, source, language, progress, gate, control)
-        # A kernel that reads a secret and raises it would put it in a reason or the log.
-        return EvalResult.model_validate_json(redact(result.model_dump_json()))
+        # A kernel that reads a secret and raises it would put it in a reason or the log; and what it
+        # printed or raised is shown as plain text, no control character in it (text.plain).
+        result = EvalResult.model_validate_json(redact(result.model_dump_json()))
+        return EvalResult.model_validate(plain_tree(result.model_dump(mode="json")))
 
     def _profiled(self, result: EvalResult, source: str, language: Language, progress: Optional[ProgressSink],
                   gate: Optional[Control], control: Optional[Control]) -> EvalResult:
@@ -198,12 +205,19 @@ class SandboxEvaluator:
     def _job(self, mode: str, scratch: Path, nonce: str, **fields) -> Job:
         return Job(mode=mode, task_dir=str(self.task.root), device=self.device, cases=self.cases,
                    seed=secrets.randbits(40), nonce=nonce, scratch=str(scratch), timing=self.timing,
-                   compiler=self.compiler, **fields)
+                   compiler=self.compiler, guard=self.guard, **fields)
 
     def _judge(self, job: Job, relay: Optional[PipeRelay], control: Optional[Control] = None) -> WorkerRun:
         if relay:
             relay.judging(job.cases)
-        return run_worker(job, self.timeout_s, on_message=relay, control=control)
+        # The saved outputs opened here, by the parent, under the names the harness gives them: the
+        # judge reads descriptors, never a path the candidate's message names (evaluation/safe_files.py).
+        job, fds = open_samples(job, scratch_fd(Path(job.scratch)))
+        try:
+            return run_worker(job, self.timeout_s, on_message=relay, control=control, fds=fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
 
 
 def probe_task(task: TaskPackage, timeout_s: float = 600.0, cached: bool = False) -> Probed:

@@ -2,14 +2,19 @@
 command line that gives it to a worker process.
 
 Found out once per process by a trial run, in this order: bubblewrap (``bwrap``), then
-util-linux ``unshare``, else none; ``OPTAGENT_ISOLATION=auto|bwrap|unshare|none`` forces a
-choice. Under bwrap a worker gets its own user (uid 65534 inside), PID, network, IPC and UTS
+Landlock (worker/landlock.py, with util-linux ``unshare``'s namespaces where they work); with
+neither, no untrusted code runs: the evaluation refuses to start, saying what to install.
+``OPTAGENT_ISOLATION=auto|bwrap|landlock|unshare|none`` forces a choice; ``unshare`` alone (a
+writable file system) and ``none`` run only when asked for by name. Under bwrap a worker gets its own user (uid 65534 inside), PID, network, IPC and UTS
 namespaces, a read-only view of the file system with only its scratch directory writable, a
 private /tmp, /dev/shm and /run, a fresh /proc that shows only its own processes, a minimal
 /dev (plus the NVIDIA device nodes on a GPU), and other evaluations' scratch directories
 hidden. Only the judge may write optagent's cache (measured ceilings, host speed), which
-candidates read. Under unshare a worker gets the namespaces but a writable file system. In
-a user namespace a process cannot read the /proc files (environ, mem) of a process outside.
+candidates read. Under landlock the worker makes, as its first act, every path but its scratch
+directory (and the cache, for the judge) read-only to itself and all it starts, and refuses
+itself TCP and signals to processes outside (kernels with Landlock ABI 4 and 6). Under unshare
+a worker gets the namespaces but a writable file system. In a user namespace a process cannot
+read the /proc files (environ, mem) of a process outside.
 """
 
 from __future__ import annotations
@@ -26,8 +31,11 @@ from typing import Optional
 from optagent.cache import cache_root
 from optagent.schema import Isolation, Mechanism
 from optagent.settings import CACHE_ENV, ISOLATION_ENV as ENV, EnvError, settings
+from optagent.worker import landlock
 
-CHOICES = ("auto", "bwrap", "unshare", "none")
+CHOICES = ("auto", "bwrap", "landlock", "unshare", "none")
+INSTALL = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) or run on Linux >= 5.13 with Landlock "
+           f"enabled; or pass --isolation none ({ENV}=none) to run candidate kernels with no sandbox, as your user")
 NOBODY = "65534"
 HIDDEN = ("/tmp", "/run")  # replaced by empty ones: sockets (/run/docker.sock) and other users' files
 TMP_BYTES = 1 << 30  # the private /tmp and /dev/shm are memory: bounded
@@ -81,8 +89,14 @@ def _unshare_flags() -> tuple[Optional[list[str]], str]:
     return None, f"unshare does not work here: {why}"
 
 
+@functools.cache
+def _landlock_problem() -> Optional[str]:
+    return None if landlock.abi() >= 1 else "Landlock is not available in this kernel (Linux >= 5.13, landlock enabled)"
+
+
 def mechanism() -> Mechanism:
-    """The mechanism to use now; EnvError when a forced one does not work here."""
+    """The mechanism to use now; EnvError when a forced one does not work here, or when nothing
+    that keeps the file system read-only does (candidates never run on a writable host unasked)."""
     want = requested()
     if want == "none":
         return Mechanism.NONE
@@ -92,19 +106,25 @@ def mechanism() -> Mechanism:
             return Mechanism.BWRAP
         if want == "bwrap":
             raise EnvError(f"{ENV}=bwrap: {why}")
+    if want in ("auto", "landlock"):
+        lwhy = _landlock_problem()
+        if lwhy is None:
+            return Mechanism.LANDLOCK
+        if want == "landlock":
+            raise EnvError(f"{ENV}=landlock: {lwhy}")
+        raise EnvError(f"no sandbox for candidate kernels here ({why}; {lwhy}): {INSTALL}")
     flags, why = _unshare_flags()
-    if flags is not None:
-        return Mechanism.UNSHARE
-    if want == "unshare":
+    if flags is None:
         raise EnvError(f"{ENV}=unshare: {why}")
-    return Mechanism.NONE
+    return Mechanism.UNSHARE
 
 
 def describe(mech: Mechanism) -> Isolation:
     """The record of what `mech` keeps from the candidate (limits are added by the caller)."""
     if mech is Mechanism.NONE:
         return Isolation()
-    return Isolation(mechanism=mech, user_ns=True, pid_ns=True, no_network=True, ro_fs=mech is Mechanism.BWRAP)
+    ns = mech is not Mechanism.LANDLOCK or _unshare_flags()[0] is not None
+    return Isolation(mechanism=mech, user_ns=ns, pid_ns=ns, no_network=ns, ro_fs=mech is not Mechanism.UNSHARE)
 
 
 def _under(path: Path, dirs: list[Path]) -> bool:
@@ -147,10 +167,10 @@ def wrap(argv: list[str], env: dict[str, str], mech: Mechanism, scratch: Path, d
     `writable` are the paths besides the scratch directory it may write (bwrap only)."""
     if mech is Mechanism.NONE:
         return argv
-    if mech is Mechanism.UNSHARE:
+    if mech in (Mechanism.UNSHARE, Mechanism.LANDLOCK):  # landlock: the worker restricts itself (landlock_env)
         flags, _ = _unshare_flags()
-        assert flags is not None
-        return [*flags, *argv]
+        assert flags is not None or mech is Mechanism.LANDLOCK
+        return [*(flags or []), *argv]
     scratch = scratch.resolve()
     cmd = [shutil.which("bwrap") or "bwrap", *BWRAP_NS, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     if device == "cuda":
@@ -186,7 +206,16 @@ def worker_env(env: dict[str, str], mech: Mechanism, scratch: Path) -> dict[str,
                TILELANG_CACHE_DIR=str(scratch / ".tilelang"))
     if mech is Mechanism.BWRAP:
         env.update(TMPDIR="/tmp", TILELANG_TMP_DIR="/tmp")
+    elif mech is Mechanism.LANDLOCK:  # the host's /tmp is read-only to it
+        env.update(TMPDIR=str(scratch), TILELANG_TMP_DIR=str(scratch))
     return env
+
+
+def landlock_env(mech: Mechanism, scratch: Path, writable: list[Path]) -> dict[str, str]:
+    """The paths a worker under landlock may write (worker/landlock.py): its scratch, and `writable`."""
+    if mech is not Mechanism.LANDLOCK:
+        return {}
+    return {landlock.ENV: os.pathsep.join(str(p) for p in (scratch, *writable))}
 
 
 def returncode(mech: Mechanism, rc: Optional[int]) -> Optional[int]:

@@ -20,14 +20,17 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
-from optagent.schema import Isolation, Mechanism
+from optagent.schema import Isolation
 from optagent.settings import RLIMITS_ENV, settings
 
 OUTPUT_BYTES = 64 << 20
 TAIL_BYTES = 64 << 10  # what the parent keeps of the output in memory
-TASKS = 4096  # processes and threads of one worker
+TASKS = 4096  # processes and threads of one worker (the kernel's count: /proc/<pid>/status Threads)
+DISK_BYTES = {"cpu": 2 << 30, "cuda": 8 << 30}  # its scratch directory on disk
+DISK_ENTRIES = 20000  # files and directories in it: a walk past this many is itself over the limit
+CPU_CORES_S = 1.5  # RLIMIT_CPU: the timeout's seconds on every core, and half again
 TICK = 0.5  # seconds between looks at the worker's tree (a scan of /proc)
 # How an allocation refused by RLIMIT_DATA surfaces in Python and in PyTorch.
 ALLOCATION_FAILED = re.compile(r"MemoryError|can't allocate memory|Cannot allocate memory|std::bad_alloc")
@@ -38,6 +41,7 @@ class Limits:
     memory_bytes: Optional[int]
     tasks: int = TASKS
     output_bytes: int = OUTPUT_BYTES
+    disk_bytes: Optional[int] = None
 
     @property
     def memory_gib(self) -> Optional[float]:
@@ -61,7 +65,7 @@ def limits_for(device: str) -> Limits:
     if gib is None:
         half = _mem_total() / 2 / 2**30
         gib = min(8.0, half) if device == "cpu" else max(16.0, half)
-    return Limits(memory_bytes=int(gib * 2**30) if gib > 0 else None)
+    return Limits(memory_bytes=int(gib * 2**30) if gib > 0 else None, disk_bytes=DISK_BYTES.get(str(device)))
 
 
 def record(iso: Isolation, limits: Limits) -> Isolation:
@@ -69,12 +73,16 @@ def record(iso: Isolation, limits: Limits) -> Isolation:
                                   "output_mib": limits.output_bytes >> 20})
 
 
-def rlimits(limits: Limits, device: str, mech: Mechanism) -> dict[str, str]:
-    """The environment entry that tells the worker which rlimits to set on itself."""
+def rlimits(limits: Limits, device: str, user_ns: bool, timeout_s: Optional[float] = None) -> dict[str, str]:
+    """The environment entry that tells the worker which rlimits to set on itself. RLIMIT_CPU bounds its
+    processor time (every thread, all cores) by the wall-clock timeout's worth of every core, and half
+    again: a backstop that the kernel enforces (SIGKILL) even where the parent's watch is late."""
     items = []
+    if timeout_s:
+        items.append(f"CPU={int(timeout_s * (os.cpu_count() or 1) * CPU_CORES_S) + 10}")
     if device == "cpu" and limits.memory_bytes:
         items.append(f"DATA={limits.memory_bytes}")
-    if mech is not Mechanism.NONE:  # outside a user namespace RLIMIT_NPROC counts all of the user's processes
+    if user_ns:  # outside a user namespace RLIMIT_NPROC counts all of the user's processes
         items.append(f"NPROC={limits.tasks}")
     return {RLIMITS_ENV: ",".join(items)} if items else {}
 
@@ -89,7 +97,8 @@ def over_memory(text: str, iso: Isolation, device: str) -> Optional[str]:
 class LogTap:
     """Drains a worker's stdout+stderr into `path`, at most `cap` bytes on disk, the tail in memory."""
 
-    def __init__(self, fd: int, path: Path, cap: int):
+    def __init__(self, fd: int, path: Union[Path, int], cap: int):
+        """path: the log file, or a descriptor the caller opened safely for it (evaluation/safe_files.py)."""
         self.fd, self.cap, self.total = fd, cap, 0
         self.file = open(path, "wb")
         self.tail = bytearray()
@@ -136,8 +145,8 @@ def _read(path: str) -> bytes:
         os.close(fd)
 
 
-def tree_usage(root: int) -> tuple[int, int]:
-    """(resident anonymous + shared bytes, threads) of `root` and every process below it."""
+def tree_usage(root: int) -> tuple[int, int, list[int]]:
+    """(resident anonymous + shared bytes, threads, pids) of `root` and every process below it."""
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -146,9 +155,10 @@ def tree_usage(root: int) -> tuple[int, int]:
             except (OSError, ValueError, IndexError):
                 continue
             children.setdefault(ppid, []).append(int(name))
-    memory, threads, todo = 0, 0, [root]
+    memory, threads, todo, seen = 0, 0, [root], []
     while todo:
         pid = todo.pop()
+        seen.append(pid)
         todo.extend(children.get(pid, ()))
         try:
             for line in _read(f"/proc/{pid}/status").splitlines():
@@ -159,14 +169,61 @@ def tree_usage(root: int) -> tuple[int, int]:
                     threads += int(value)
         except (OSError, ValueError, IndexError):
             continue
-    return memory, threads
+    return memory, threads, seen
+
+
+def _host_devices() -> set[int]:
+    out = set()
+    for path in ("/tmp", "/dev/shm", "/"):
+        try:
+            out.add(os.stat(path).st_dev)
+        except OSError:
+            pass
+    return out
+
+
+def private_tmpfs_bytes(pids: list[int], look: int = 4) -> int:
+    """Bytes held in the private /tmp and /dev/shm of the sandbox these processes run in (bwrap's tmpfs:
+    memory that no process's resident set shows), seen through /proc/<pid>/root; 0 without one."""
+    host, found = _host_devices(), {}
+    for pid in pids[:look]:  # the first few: every process of the tree shares them
+        for where in ("tmp", "dev/shm"):
+            path = f"/proc/{pid}/root/{where}"
+            try:
+                dev = os.stat(path).st_dev
+                if dev not in host and dev not in found:
+                    st = os.statvfs(path)
+                    found[dev] = (st.f_blocks - st.f_bfree) * st.f_frsize
+            except OSError:
+                continue
+    return sum(found.values())
+
+
+def disk_usage(top: Path, limit: int = DISK_ENTRIES) -> tuple[int, int]:
+    """(bytes, entries) under `top`, no link followed; the walk stops after `limit` entries."""
+    total, entries, todo = 0, 0, [str(top)]
+    while todo and entries <= limit:
+        try:
+            with os.scandir(todo.pop()) as it:
+                for e in it:
+                    entries += 1
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    total += st.st_blocks * 512
+                    if e.is_dir(follow_symlinks=False):
+                        todo.append(e.path)
+        except OSError:
+            continue
+    return total, entries
 
 
 class Watch:
     """Looks at a running worker; check() says which limit it broke, once it has."""
 
-    def __init__(self, pid: int, limits: Limits, tap: LogTap, who: str):
-        self.pid, self.limits, self.tap, self.who = pid, limits, tap, who
+    def __init__(self, pid: int, limits: Limits, tap: LogTap, who: str, scratch: Optional[Path] = None):
+        self.pid, self.limits, self.tap, self.who, self.scratch = pid, limits, tap, who, scratch
         self.peak_bytes = 0
         self._next = 0.0
 
@@ -177,13 +234,19 @@ class Watch:
         if now < self._next:
             return None
         self._next = now + TICK
-        memory, threads = tree_usage(self.pid)
+        memory, threads, pids = tree_usage(self.pid)
+        memory += private_tmpfs_bytes(pids)  # files in a private tmpfs are memory too
         self.peak_bytes = max(self.peak_bytes, memory)
         if self.limits.memory_bytes and memory > self.limits.memory_bytes:
             return (f"the {self.who} process exceeded the {self.limits.memory_gib:g} GiB memory limit "
                     f"({memory / 2**30:.1f} GiB resident)")
         if threads > self.limits.tasks:
             return f"the {self.who} process exceeded the limit of {self.limits.tasks} processes and threads"
+        if self.limits.disk_bytes and self.scratch is not None:
+            used, entries = disk_usage(self.scratch)
+            if used > self.limits.disk_bytes or entries > DISK_ENTRIES:
+                return (f"the {self.who} process exceeded the {self.limits.disk_bytes >> 20} MiB disk limit of its "
+                        f"scratch directory ({used >> 20} MiB in {entries} entries; at most {DISK_ENTRIES})")
         return None
 
     def wait(self, proc: subprocess.Popen, seconds: float) -> Optional[str]:

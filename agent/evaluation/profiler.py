@@ -24,6 +24,7 @@ from typing import Callable, Optional
 
 from optagent.evaluation import ncu_csv
 from optagent.evaluation.lanes import Control, Gate, OrderedLane
+from optagent.evaluation.safe_files import read_regular
 from optagent.evaluation.sandbox import WorkerRun, new_scratch, remove_scratch, run_worker
 from optagent.messages import CaseSpec, CaseStart, Job, WorkerError
 from optagent.profile_facts import CaseProfile, ProfileStatus
@@ -61,12 +62,8 @@ def ncu_argv(ncu: Path, csv_path: Path) -> list[str]:
 
 
 def _read_bounded(path: Path) -> str:
-    try:
-        with open(path, "rb") as f:
-            data = f.read(ncu_csv.MAX_BYTES + 1)
-    except OSError:
-        return ""
-    return data.decode("utf-8", errors="replace")
+    # in the candidate's scratch directory: no link followed, no FIFO waited on (evaluation/safe_files.py)
+    return read_regular(path, ncu_csv.MAX_BYTES + 1).decode("utf-8", errors="replace")
 
 
 class Profiler:

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 from optagent.cache import cache_root
-from optagent.evaluation import isolation
+from optagent.evaluation import isolation, safe_files
 from optagent.evaluation.lanes import Control, Stopped
 from optagent.evaluation.limits import LogTap, Watch, limits_for, record, rlimits
 from optagent.evaluation.report_pipe import ReportPipe
 # the scratch directories' own module; callers have always found them here
 from optagent.evaluation.scratch import (OWNER, keep_scratch, new_scratch, remove_scratch, scratch_base,  # noqa: F401
-                                         sweep_scratch)
+                                         scratch_fd, sweep_scratch)
 from optagent.messages import M, Job, Message, parse_line, parse_messages
 from optagent.schema import Device, Isolation, Mechanism
 from optagent.secret_env import SECRET
@@ -46,6 +46,7 @@ ALLOWED_ENV = {
 }
 MARKER = SANDBOX_ENV
 TICK = 0.25  # seconds between looks at the worker's limits
+KILL_WAIT_S = 30.0  # after SIGKILL: a process the kernel cannot take down yet is left, not waited on
 
 
 def child_env(device: Device, marker: str) -> dict[str, str]:
@@ -106,34 +107,55 @@ def _kill_marked(marker: str) -> None:
 
 
 def run_worker(job: Job, timeout_s: float, on_message: Optional[Callable[[Message], None]] = None,
-               control: Optional[Control] = None, prefix: Sequence[str] = ()) -> WorkerRun:
+               control: Optional[Control] = None, prefix: Sequence[str] = (), fds: Sequence[int] = ()) -> WorkerRun:
     """Run one worker to its end; on_message sees each of its messages as it arrives (for live
     progress only: the returned messages are parsed again, from everything the pipe carried).
     control (a pool's, evaluation/lanes.py): its device and lane gate, and a stop flag; the time
     the worker waits for its lane does not count against timeout_s. prefix: a program that runs
-    the worker inside the sandbox (ncu, for --profile: evaluation/profiler.py)."""
+    the worker inside the sandbox (ncu, for --profile: evaluation/profiler.py). fds: descriptors the
+    worker inherits besides its pipes (the judge's saved outputs, opened by the parent)."""
     scratch = Path(job.scratch)
-    scratch.mkdir(parents=True, exist_ok=True)
-    job_file = scratch / f"job-{job.mode}.json"
-    job_file.write_text(job.model_dump_json())
+    dir_fd = scratch_fd(scratch)
+    own_dir = dir_fd is None  # a directory new_scratch did not make (tests): opened here, before the worker
+    if own_dir:
+        scratch.mkdir(parents=True, exist_ok=True)
+        dir_fd = safe_files.open_dir(scratch)
+    try:
+        return _run(job, timeout_s, on_message, control, prefix, scratch, dir_fd, fds)
+    finally:
+        if own_dir:
+            os.close(dir_fd)
+
+
+def _run(job: Job, timeout_s: float, on_message: Optional[Callable[[Message], None]], control: Optional[Control],
+         prefix: Sequence[str], scratch: Path, dir_fd: int, fds: Sequence[int]) -> WorkerRun:
+    # The job by descriptor, the log through the directory's descriptor: a link or FIFO the candidate
+    # left in its scratch directory redirects or blocks nothing (evaluation/safe_files.py).
+    job_fd = safe_files.job_fd(job)
+    try:
+        log_fd = safe_files.create(dir_fd, f"{job.mode}.log")
+    except BaseException:
+        os.close(job_fd)
+        raise
     rfd, wfd = os.pipe()
     lfd, log_w = os.pipe()
     marker = secrets.token_hex(16)
     mech = isolation.mechanism()
     limits = limits_for(job.device)
     report = ReportPipe() if job.mode in ("candidate", "baseline") and job.timer is not None else None
-    argv, env = _command(job, scratch, job_file, wfd, marker, mech, limits, prefix)
+    argv, env = _command(job, scratch, f"fd:{job_fd}", wfd, marker, mech, limits, prefix, timeout_s)
     control = control or Control()
     env.update(control.env)
     argv += [str(fd) for fd in report.child_fds] if report else []
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(argv, pass_fds=(wfd, *control.fds, *(report.child_fds if report else ())),
+        proc = subprocess.Popen(argv, pass_fds=(wfd, job_fd, *fds, *control.fds, *(report.child_fds if report else ())),
                                 start_new_session=True, env=env, cwd=scratch, stdin=subprocess.DEVNULL,
                                 stdout=log_w, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
     except BaseException:
         os.close(lfd)
         os.close(rfd)
+        os.close(log_fd)
         control.close()
         if report:
             report.abandon()
@@ -141,11 +163,12 @@ def run_worker(job: Job, timeout_s: float, on_message: Optional[Callable[[Messag
     finally:
         os.close(wfd)
         os.close(log_w)
+        os.close(job_fd)  # the child holds its own; read and closed before any candidate code
         control.spawned()
     if report:
         report.started()
-    tap = LogTap(lfd, scratch / f"{job.mode}.log", limits.output_bytes)
-    watch = Watch(proc.pid, limits, tap, job.mode)
+    tap = LogTap(lfd, log_fd, limits.output_bytes)
+    watch = Watch(proc.pid, limits, tap, job.mode, scratch)
     limit: Optional[str] = None
     chunks: list[bytes] = []
     timed_out = False
@@ -190,7 +213,10 @@ def run_worker(job: Job, timeout_s: float, on_message: Optional[Callable[[Messag
             late = None
         if late or proc.returncode is None:
             _killpg(proc.pid)
-            proc.wait()
+            try:  # a process stuck in the kernel (D state) is not waited for forever
+                proc.wait(timeout=KILL_WAIT_S)
+            except subprocess.TimeoutExpired:
+                pass
         limit = limit or late
         _killpg(proc.pid)  # children the worker left behind in its group
         _kill_marked(marker)
@@ -203,18 +229,19 @@ def run_worker(job: Job, timeout_s: float, on_message: Optional[Callable[[Messag
                      time.monotonic() - start, tail, iso, limit, report.secret if report else None, lines)
 
 
-def _command(job: Job, scratch: Path, job_file: Path, wfd: int, marker: str, mech: Mechanism,
-             limits, prefix: Sequence[str] = ()) -> tuple[list[str], dict[str, str]]:
+def _command(job: Job, scratch: Path, job_file: str, wfd: int, marker: str, mech: Mechanism,
+             limits, prefix: Sequence[str] = (), timeout_s: Optional[float] = None) -> tuple[list[str], dict[str, str]]:
     """The worker's command line and environment under `mech`. Only the judge may write the cache
     (measured ceilings, host speed); a candidate's compiler runs inside its sandbox, so its path is readable."""
     env = isolation.worker_env(child_env(job.device, marker), mech, scratch)
-    env.update(rlimits(limits, job.device, mech))
+    env.update(rlimits(limits, job.device, isolation.describe(mech).user_ns, timeout_s))
     writable = [cache_root()] if job.mode == "judge" else []
     for w in writable:
         w.mkdir(parents=True, exist_ok=True)
     reads = [p for p in (job.compiler or []) + (settings().nvcc or "").split() if os.path.isabs(p)]
     reads += [str(Path(p).resolve().parent) for p in prefix[:1] if os.path.isabs(p)]  # ncu's own folder
-    argv = [*prefix, sys.executable, "-m", "optagent.worker", str(job_file), str(wfd)]
+    env.update(isolation.landlock_env(mech, scratch, writable))
+    argv = [*prefix, sys.executable, "-m", "optagent.worker", job_file, str(wfd)]
     return isolation.wrap(argv, env, mech, scratch, job.device, job.task_dir, writable, reads), env
 
 

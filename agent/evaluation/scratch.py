@@ -17,6 +17,9 @@ from optagent.settings import settings
 # leftovers from a directory another optagent process is using right now.
 OWNER = ".owner"
 _owned: dict[Path, object] = {}
+# A descriptor of each scratch directory, opened before any candidate ran in it: the parent's file
+# operations there go through it (evaluation/safe_files.py), whatever the path points at later.
+_dirs: dict[Path, int] = {}
 _swept: set[Path] = set()
 STALE_NEW_S = 600  # a half-made directory this old belongs to no one
 
@@ -39,13 +42,23 @@ def new_scratch(root: Optional[Path] = None) -> tuple[Path, str]:
     fcntl.flock(fh, fcntl.LOCK_EX)
     fh.write(f"{os.getpid()}\n")
     fh.flush()
+    dir_fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     path = base / name
     tmp.rename(path)
     _owned[path] = fh
+    _dirs[path] = dir_fd
     return path, nonce
 
 
+def scratch_fd(path: Path) -> Optional[int]:
+    """The descriptor opened when new_scratch made `path` (None for a directory made elsewhere)."""
+    return _dirs.get(path)
+
+
 def _release(path: Path) -> None:
+    fd = _dirs.pop(path, None)
+    if fd is not None:
+        os.close(fd)
     fh = _owned.pop(path, None)
     if fh is not None:
         fh.close()  # closing drops the flock

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from optagent.profile_facts import ProfileStatus
+from optagent.text import plain
 from optagent.schema import (CaseKind, CaseResult, Costs, Device, EvalResult, FloorKind, Isolation, Mechanism, Status,
                              TimerKind, Timing)
 
@@ -70,7 +71,7 @@ def eval_table(result: EvalResult, title: Optional[str] = None) -> Table:
                 "% floor", "load ms"):
         t.add_column(col, justify="left" if col in ("case", "sizes", "status") else "right")
     for c in result.cases:
-        t.add_row(c.case, c.sizes or "", f"[{STATUS_STYLE[c.status]}]{c.status.value}[/]", fmt(c.rel_err, ".1e"),
+        t.add_row(plain(c.case, markup=True), plain(c.sizes, markup=True), f"[{STATUS_STYLE[c.status]}]{c.status.value}[/]", fmt(c.rel_err, ".1e"),
                   fmt(c.time_us) + _slow(c.time), fmt(c.gpu_us), fmt(c.baseline_us) + _slow(c.baseline),
                   fmt(c.speedup, ".2f", "x"),
                   floor_pct(c), fmt(c.load_ms, ".0f"))
@@ -85,8 +86,10 @@ def isolation_line(iso: Isolation) -> str:
     if iso.mechanism is Mechanism.NONE:
         return f"[bold yellow]isolation: none[/] (the candidate ran as your user, with your files and network){tail}"
     kept = [name for name, on in (("user", iso.user_ns), ("pid", iso.pid_ns), ("net", iso.no_network)) if on]
-    fs = "read-only file system" if iso.ro_fs else "writable file system"
-    return f"isolation: {iso.mechanism.value} ({'+'.join(kept)} namespaces, {fs}){tail}"
+    spaces = f"{'+'.join(kept)} namespaces" if kept else "no namespaces"
+    if not iso.ro_fs:  # asked for by name (--isolation unshare): it stands out as none does
+        return f"[bold yellow]isolation: {iso.mechanism.value}[/] ({spaces}, writable file system){tail}"
+    return f"isolation: {iso.mechanism.value} ({spaces}, read-only file system){tail}"
 
 
 def cost_line(costs: Costs, wall_s: float) -> str:
@@ -133,18 +136,18 @@ def print_eval(con: Console, result: EvalResult) -> None:
     if result.cases:
         con.print(eval_table(result))
     for line in kernel_lines(result):
-        con.print(f"compiler: {line}", markup=False, soft_wrap=True)
+        con.print(f"compiler: {plain(line, markup=False)}", markup=False, soft_wrap=True)
     for line in profile_lines(result):
-        con.print(line, markup=False, soft_wrap=True)
+        con.print(plain(line, markup=False), markup=False, soft_wrap=True)
     style = STATUS_STYLE[result.status]
     line = f"[{style}]{result.status.value}[/]"
-    if result.reason:
-        line += f": {result.reason}"
+    if result.reason:  # the candidate's own text, often: never read as markup (text.plain)
+        line += f": {plain(result.reason, markup=True)}"
     gm = result.geomean_speedup
     if gm:
         line += f"  geomean speedup {gm:.2f}x"
     if result.baseline_label:
-        line += f"  (baseline: {result.baseline_label})"
+        line += f"  (baseline: {plain(result.baseline_label, markup=True)})"
     con.print(line, soft_wrap=True)
     con.print(isolation_line(result.isolation), soft_wrap=True)
     if result.costs:
@@ -154,4 +157,4 @@ def print_eval(con: Console, result: EvalResult) -> None:
         con.print("* eager time taken while the host ran slower than usual for most calls (see host_speed.py)")
     if result.status is not Status.PASSED and result.log_tail:
         con.print("[dim]candidate log tail:[/]")
-        con.print(result.log_tail, markup=False)
+        con.print(plain(result.log_tail, markup=False), markup=False)

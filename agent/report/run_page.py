@@ -157,7 +157,7 @@ def run_page(store: RunStore) -> RunPage:
         note = s.retime_note
         detail_parts = []
         if s.error:
-            note = (note + "; " if note else "") + (error_summary(s.error) or "")
+            note = (note + "; " if note else "") + plain(error_summary(s.error), markup=False)
             if "\n" in s.error.strip() or len(s.error) > 160:
                 detail_parts.append(s.error.strip())
         if r and not r.status.ok and r.log_tail:
@@ -167,7 +167,7 @@ def run_page(store: RunStore) -> RunPage:
             _duration((s.finished_at - s.started_at).total_seconds()), s.idea, s.outcome.value,
             r.status.value if r else "NO_KERNEL", step_category(s), r.geomean_speedup if r else None,
             s.best_geomean_speedup, s.usage.prompt_tokens + s.usage.completion_tokens, s.usage.cost_usd, note,
-            "\n\n".join(detail_parts) or None, s.index == best_step))
+            plain("\n\n".join(detail_parts), markup=False) or None, s.index == best_step))
     counts: dict[str, int] = {}
     for s in steps:
         key = step_category(s).key

@@ -1,6 +1,6 @@
-"""Child side of an evaluation: ``python -m optagent.worker JOB_FILE RESULT_FD [SECRET_FD REPORT_FD]``.
+"""Child side of an evaluation: ``python -m optagent.worker fd:JOB_FD RESULT_FD [SECRET_FD REPORT_FD]``.
 
-Five modes. ``candidate`` (untrusted: the kernel is loaded here) times the
+The job comes by descriptor (``fd:N``). Five modes. ``candidate`` (untrusted: the kernel is loaded here) times the
 baseline before any candidate code exists in the process, then per case loads
 a fresh copy of the kernel, runs it on the package's inputs and on freshly
 drawn ones, times it, and saves its outputs. ``judge`` (trusted: never loads the
@@ -19,16 +19,30 @@ from pathlib import Path
 
 from optagent.worker import lane  # noqa: F401 (first: its clock starts the cost split's imports)
 from optagent.messages import Channel, Job, WorkerError
+from optagent.worker import landlock, seccomp
 from optagent.worker.limits import apply_rlimits
+
+
+def read_job(where: str) -> bytes:
+    """The job: ``fd:N`` is the parent's memory file (evaluation/safe_files.py), read and closed; a
+    path is read and unlinked. It holds the nonce and the seeds: gone before any candidate code runs."""
+    if where.startswith("fd:"):
+        with os.fdopen(int(where[3:]), "rb") as f:
+            return f.read()
+    path = Path(where)
+    data = path.read_bytes()
+    path.unlink()
+    return data
 
 
 def main() -> None:
     apply_rlimits()
-    job_file = Path(sys.argv[1])
-    job = Job.model_validate_json(job_file.read_text())
-    job_file.unlink()  # it holds the nonce and the seed: gone before any candidate code runs
+    job = Job.model_validate_json(read_job(sys.argv[1]))
     chan = Channel(int(sys.argv[2]), job.nonce)
     try:
+        landlock.apply_from_env()  # before any package or candidate code: the file system read-only but scratch
+        if job.mode in ("candidate", "profile"):  # the processes that load candidate code
+            seccomp.restrict()
         if job.mode in ("candidate", "baseline") and job.timer is not None:
             # argv: ... RESULT_FD SECRET_FD REPORT_FD; before any candidate code. The baseline job's
             # timings come from the same timer, so a pool's speedups compare like with like.

@@ -224,6 +224,11 @@ def watch_host_compute(args: list, outputs: list[int]):
     floats = [a for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point() and i not in outputs]
     top = max((a.numel() for a in floats), default=0)
 
+    def big(tree) -> list[int]:
+        """Floating tensors the size of an input (a new buffer an input may be copied into, by any kernel)."""
+        return [t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves(tree)
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and top and t.numel() * 8 >= top]
+
     class Watch(TorchDispatchMode):
         tainted = {a.untyped_storage().data_ptr() for a in floats if a.numel() * 8 >= top}
         reason: Optional[str] = None
@@ -237,6 +242,8 @@ def watch_host_compute(args: list, outputs: list[int]):
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
+            if PASSTHROUGH.match(str(func)):  # a buffer as big as an input: a Triton copy launders nothing into it
+                self.tainted.update(big(out))
             if any(p in self.tainted for p in storages((args, kwargs))):
                 if PASSTHROUGH.match(str(func)):  # copies and views of tainted data stay tainted
                     self.tainted.update(storages(out) + (storages(args[0]) if str(func).startswith("aten.copy_") else []))

@@ -11,7 +11,7 @@ import resource
 
 from optagent.settings import RLIMITS_ENV
 
-NAMES = {"DATA": resource.RLIMIT_DATA, "NPROC": resource.RLIMIT_NPROC}
+NAMES = {"DATA": resource.RLIMIT_DATA, "NPROC": resource.RLIMIT_NPROC, "CPU": resource.RLIMIT_CPU}
 
 
 def apply_rlimits() -> None:

@@ -4,7 +4,10 @@ The compiler command is configurable (``--compiler`` / ``OPTAGENT_NVCC``) so a
 CUDA-compatible vendor toolchain can stand in for nvcc. With nvcc the source is
 compiled to an object first, whose imports object_scan.py checks, then linked;
 another toolchain builds in its one step, unchecked. Builds are cached by the hash
-of source and command; only checked ones are cached under the checked key.
+of source and command; only checked ones are cached under the checked key. Only trusted code
+fills the cache (build_all, outside any sandbox); a candidate process builds into its own scratch
+directory, and a cached library is used only if its sha256 is the one recorded beside it when it
+was built (a library planted or swapped later is not loaded: it is built again, and scanned).
 """
 
 from __future__ import annotations
@@ -118,7 +121,8 @@ class CudaBackend:
             raise CompileError(first_errors(proc.stderr + proc.stdout, source_path))
         return proc.stderr + proc.stdout
 
-    def prepare(self, source_path: Path, scratch: Path) -> None:
+    def prepare(self, source_path: Path, scratch: Path, fill_cache: bool = False) -> None:
+        """fill_cache: keep the build for later processes (trusted callers only: build_all)."""
         source = source_path.read_text(encoding="utf-8")
         self.argtypes = parse_signature(source)
         arch = _arch_flag(self.device)
@@ -127,9 +131,9 @@ class CudaBackend:
         cached = cache_dir() / f"{key}.so"
         self.scratch = scratch
         facts_file = cached.with_suffix(".facts.json")
-        if cached.exists():
-            self.library = cached
-            self.kernel_facts = _read_facts(facts_file)
+        known = verified_build(cached, facts_file)
+        if known is not None:
+            self.library, self.kernel_facts = cached, known
             return
         out = scratch / f"candidate-{key}.so"  # builds of different sources may share a scratch dir
         if self._two_step():
@@ -147,14 +151,17 @@ class CudaBackend:
             self.kernel_facts = parse_ptxas(self._run(self._command(out, source_path, arch), scratch, source_path))
         if not out.exists():
             raise CompileError("the compiler exited without writing the library")
+        self.library = out
+        if not fill_cache:
+            return
         try:
             cached.parent.mkdir(parents=True, exist_ok=True)
             tmp = cached.with_suffix(f".{os.getpid()}.tmp")
             shutil.copyfile(out, tmp)
-            facts_file.write_text(json.dumps([f.model_dump(mode="json") for f in self.kernel_facts]))
+            facts_file.write_text(json.dumps({"sha256": _sha256(tmp),
+                                              "facts": [f.model_dump(mode="json") for f in self.kernel_facts]}))
             os.replace(tmp, cached)
-        except OSError:  # read-only to a sandboxed candidate, that must not fill it for others: use its own
-            self.library = out
+        except OSError:  # a read-only cache: the build in scratch serves
             return
         self.library = cached
 
@@ -182,11 +189,23 @@ class CudaBackend:
         return run_kernel
 
 
-def _read_facts(path: Path) -> list[KernelFacts]:
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verified_build(library: Path, facts: Path) -> list[KernelFacts] | None:
+    """The cached build's facts if the library is the one that was built (its recorded sha256), else None."""
     try:
-        return [KernelFacts.model_validate(f) for f in json.loads(path.read_text())]
-    except (OSError, ValueError):  # a library cached before facts were kept
-        return []
+        record = json.loads(facts.read_text())
+        if not isinstance(record, dict) or _sha256(library) != record.get("sha256"):
+            return None  # planted, swapped, or cached before hashes were kept: built again
+        return [KernelFacts.model_validate(f) for f in record.get("facts", [])]
+    except (OSError, ValueError):
+        return None
 
 
 def build_all(paths: Sequence[Path], device: Device = Device.CUDA, timeout_s: float = 600) -> dict[Path, str]:
@@ -194,7 +213,7 @@ def build_all(paths: Sequence[Path], device: Device = Device.CUDA, timeout_s: fl
     its own folder's scratch; returns why each one that failed did, by path."""
     def build(path: Path) -> str:
         try:
-            CudaBackend(device, None, timeout_s).prepare(path, path.parent)
+            CudaBackend(device, None, timeout_s).prepare(path, path.parent, fill_cache=True)
             return ""
         except Exception as e:  # reported to the caller, who decides what a failure means
             return f"{type(e).__name__}: {str(e)[:300]}"

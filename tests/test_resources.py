@@ -1,0 +1,71 @@
+"""Bounds on what one worker may take besides memory, tasks and output: the disk of its scratch
+directory (bytes and entries), its private tmpfs counted as memory, and processor time (RLIMIT_CPU)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from optagent.evaluation import isolation
+from optagent.evaluation.limits import DISK_ENTRIES, Limits, Watch, rlimits
+from optagent.settings import RLIMITS_ENV
+
+NO_OUTPUT = SimpleNamespace(over=SimpleNamespace(is_set=lambda: False))
+
+
+def watched(argv: list[str], limits: Limits, scratch=None, seconds: float = 30) -> str:
+    proc = subprocess.Popen(argv, cwd=scratch)
+    try:
+        watch = Watch(proc.pid, limits, NO_OUTPUT, "candidate", scratch)
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            why = watch.check()
+            if why:
+                return why
+            time.sleep(0.05)
+        return ""
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_scratch_directory_is_bounded_in_bytes(tmp_path):
+    code = "import time\nwith open('big', 'wb') as f:\n    f.write(b'x' * (40 << 20))\n    f.flush()\ntime.sleep(30)"
+    why = watched([sys.executable, "-c", code], Limits(memory_bytes=None, disk_bytes=16 << 20), tmp_path)
+    assert re.search(r"exceeded the 16 MiB disk limit of its scratch directory \(\d+ MiB", why), why
+
+
+def test_the_scratch_directory_is_bounded_in_entries(tmp_path):
+    code = (f"import os, time\nos.mkdir('d')\n[open(f'd/{{i}}', 'w').close() for i in range({DISK_ENTRIES + 500})]\n"
+            "time.sleep(30)")
+    why = watched([sys.executable, "-c", code], Limits(memory_bytes=None, disk_bytes=1 << 30), tmp_path, 60)
+    assert f"at most {DISK_ENTRIES}" in why, why
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bwrap")
+def test_files_in_the_private_tmpfs_count_as_memory(tmp_path):
+    # written a MiB at a time: the process's own resident set stays far below the limit
+    code = "import time\nf = open('/tmp/fill', 'wb')\nfor _ in range(300):\n    f.write(b'x' * (1 << 20))\n" \
+           "f.close()\ntime.sleep(30)"
+    argv = [shutil.which("bwrap"), *isolation.BWRAP_NS, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+            "--size", str(1 << 30), "--tmpfs", "/tmp", "--", sys.executable, "-c", code]
+    why = watched(argv, Limits(memory_bytes=200 << 20))
+    assert re.search(r"exceeded the 0\.2 GiB memory limit \(0\.[2-4] GiB resident\)", why), why
+
+
+def test_processor_time_is_bounded_by_the_kernel():
+    assert rlimits(Limits(memory_bytes=None), "cpu", False, 10.0)[RLIMITS_ENV].startswith("CPU=")
+    code = "from optagent.worker.limits import apply_rlimits\napply_rlimits()\nwhile True:\n    pass"
+    env = {**os.environ, RLIMITS_ENV: "CPU=1"}
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], env=env, timeout=60)
+    assert proc.returncode in (-signal.SIGXCPU, -signal.SIGKILL) and time.monotonic() - t0 < 30
