@@ -136,7 +136,10 @@ def on_cpu(ctx: PlannerContext) -> bool:
 
 
 def prompt_vars(ctx: PlannerContext, feedback: str = "", whole_file: bool = False,
-                edit_failures: int = 0, rules: Optional[Rules] = None) -> dict[str, Any]:
+                edit_failures: int = 0, rules: Optional[Rules] = None,
+                hand_in: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """The templates' variables; ``hand_in`` ({"run_id": ...}) for an outside agent in step mode, who
+    hands replies in as files rather than answering a request."""
     tried = [a for a in ctx.attempts if a.outcome != StepOutcome.BASELINE.value]
     recent = [_attempt_view(a, ctx.attempts, ctx.starter_source) for a in tried[-RECENT_ATTEMPTS:]]
     rules = rules or Rules()
@@ -165,14 +168,16 @@ def prompt_vars(ctx: PlannerContext, feedback: str = "", whole_file: bool = Fals
         "memory": memory_view(ctx.memory),
         "tree": _tree_view(ctx),
         "on_cpu": on_cpu(ctx),
+        "hand_in": hand_in,
         # the static scan's rule, told before a rejection costs a step (a model met it only after one)
         "allowed_imports": sorted(ALLOWED_IMPORTS - {"__future__"}) if ctx.language is not Language.CUDA else [],
     }
 
 
 def build_messages(ctx: PlannerContext, feedback: str = "", whole_file: bool = False,
-                   edit_failures: int = 0, rules: Optional[Rules] = None) -> list[dict]:
-    variables = prompt_vars(ctx, feedback, whole_file, edit_failures, rules)
+                   edit_failures: int = 0, rules: Optional[Rules] = None,
+                   hand_in: Optional[dict[str, Any]] = None) -> list[dict]:
+    variables = prompt_vars(ctx, feedback, whole_file, edit_failures, rules, hand_in)
     return [
         {"role": "system", "content": render("system", **variables)},
         {"role": "user", "content": render("propose", **variables)},
