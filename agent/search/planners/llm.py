@@ -12,7 +12,8 @@ from typing import Any, Optional, Union
 
 from optagent.ranking import timings_rank
 from optagent import waits
-from optagent.integrity import ALLOWED_IMPORTS
+from optagent.integrity import (ALLOWED_DUNDERS, ALLOWED_IMPORTS, CUDA_FORBIDDEN, FORBIDDEN_ATTRS, FORBIDDEN_NAMES, TORCH_FORBIDDEN,
+                                TORCH_MATH)
 from optagent.llm import feedback as fb
 from optagent.llm.feedback import Rules
 from optagent.llm.edits import EditError, kernel_from_reply
@@ -131,6 +132,15 @@ def _tree_view(ctx: PlannerContext) -> dict[str, Any]:
     }
 
 
+def scan_rules(language: Language) -> dict[str, Any]:
+    """The static scan's rules (integrity.py), stated before a rejection costs an attempt."""
+    if language is Language.CUDA:
+        return {"cuda": sorted(set(CUDA_FORBIDDEN.values()))}
+    return {"cuda": [], "names": sorted(FORBIDDEN_NAMES), "dunders": sorted(ALLOWED_DUNDERS),
+            "torch_forbidden": sorted(TORCH_FORBIDDEN), "torch_math": sorted(TORCH_MATH),
+            "attrs": sorted(set(FORBIDDEN_ATTRS.values()))}
+
+
 def on_cpu(ctx: PlannerContext) -> bool:
     return ctx.on_cpu or not timings_rank(results=[ctx.best_result])
 
@@ -171,6 +181,7 @@ def prompt_vars(ctx: PlannerContext, feedback: str = "", whole_file: bool = Fals
         "hand_in": hand_in,
         # the static scan's rule, told before a rejection costs a step (a model met it only after one)
         "allowed_imports": sorted(ALLOWED_IMPORTS - {"__future__"}) if ctx.language is not Language.CUDA else [],
+        "scan": scan_rules(ctx.language),
     }
 
 
