@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from optagent.integrity import static_verdict
 from optagent.schema import Language
-from optagent.search.planners.llm import scan_rules
+from optagent.llm.feedback import scan_rules
 from optagent.llm.prompts import render
 
 KERNEL = '''import triton
@@ -50,7 +50,7 @@ def test_the_system_prompt_states_the_scan_rules():
     text = render("system", language="triton", gpu=None, on_cpu=True, allowed_imports=["math", "torch", "triton"],
                   scan=scan_rules(Language.TRITON), fence="python")
     assert "every violation named with its line" in text and "`__version__` is fine" in text
-    assert "eval" in text and "torch.nn" in text and "softmax" in text and "touches the timer" in text
+    assert "eval" in text and "torch.{backends, " in text and "nn," in text and "softmax" in text and "touches the timer" in text
     cuda = render("system", language="cuda", gpu=None, on_cpu=False, allowed_imports=[],
                   scan=scan_rules(Language.CUDA), fence="cuda")
     assert "scanned before it is compiled" in cuda and "runs other programs" in cuda
