@@ -16,7 +16,8 @@ import pytest
 import triton
 
 from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
-from optagent.schema import Language, Status
+from optagent.app.build import build_evaluator
+from optagent.schema import Device, Language, Status
 from optagent.task import load_task
 from optagent.worker.interpreter_faults import source_uses_dot
 
@@ -68,3 +69,30 @@ def test_a_wrong_bf16_dot_decode_kernel_fails_on_cpu():
     result = evaluate(WRONG)
     assert result.status is Status.INCORRECT, result.reason
     assert "interpreter" not in (result.reason or "")
+
+
+ADD_LN = Path(__file__).resolve().parent / "fixtures" / "packages" / "add_layernorm"
+
+
+@FAULTY_TRITON
+def test_probe_finds_the_truncating_bf16_store_and_the_repair_rounds_to_nearest_even():
+    code = ("from optagent.worker import interpreter_faults as f\n"
+            "print(f.bf16_rounding_fault()); print(len(f.repair_interpreter())); print(f._rounding_probe())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    fault, repaired, wrong = done.stdout.strip().split("\n")
+    assert fault.startswith("Triton 3.6's interpreter truncates float32 -> bf16"), fault
+    assert repaired == "2" and wrong == "0"
+
+
+def test_an_exact_bf16_residual_sum_passes_on_cpu():
+    # the package's check() wants h == PyTorch's bf16 x + residual exactly: a truncating store failed it
+    task = load_task(ADD_LN)
+    starter = task.starter(Language.TRITON).source
+    evaluator = build_evaluator(task, Device.CPU, None)  # the package's smoke case, as a CPU run derives it
+    result = evaluator.evaluate(starter, Language.TRITON)
+    assert result.status is Status.PASSED, result.reason
+    wrong = starter.replace("(x + r).to(tl.bfloat16)", "(x + r + 0.01).to(tl.bfloat16)")
+    bad = evaluator.evaluate(wrong, Language.TRITON)
+    assert bad.status is Status.INCORRECT and "h = x + residual mismatch" in bad.reason, bad.reason

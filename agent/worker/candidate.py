@@ -22,7 +22,7 @@ import torch
 from optagent.worker import bench, compiler_facts
 from optagent.worker.backends import CompileError, Refused, Unsupported, backend_for
 from optagent.worker.guard import lock_imports, watch_host_compute
-from optagent.worker.interpreter_faults import repair_bf16_dot
+from optagent.worker.interpreter_faults import repair_interpreter
 from optagent.worker.after_work import AfterWork, out_bytes
 from optagent.worker.harness import TaskRuntime, checksum, poison, run_baseline, same_bits
 from optagent.worker.lane import STARTED, lane
@@ -66,7 +66,7 @@ class Candidate:
                 self._baselines()
         backend = backend_for(job.language, job.device, job.compiler, job.compile_timeout_s)
         if job.device is Device.CPU and job.language is Language.TRITON:
-            repair_bf16_dot()  # the interpreter's own fault, mended before any candidate code exists
+            repair_interpreter()  # the interpreter's own faults, mended before any candidate code exists
         lock_imports(report=lambda why: chan.send(Integrity(reason=why)))
         chan.send(PhaseStarted(phase=Phase.COMPILING))
         try:

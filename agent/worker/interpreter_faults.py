@@ -19,6 +19,13 @@ candidate code exists, and in the judge) widens bf16 operands to float32 before 
 which is exact for bf16 inputs, so the kernel is judged. The repair is installed only when
 the probe finds the fault, and checked by the same probe; a Triton that fixed it is left alone.
 
+Bf16 rounding: the same interpreter converts float32 to bf16 by truncation (``x.to(tl.bfloat16)``
+and a store into a bf16 pointer), where a GPU rounds to nearest even: 1.66796875 gives 1.6640625,
+not 1.671875. A kernel that must reproduce PyTorch's bf16 result exactly (a residual sum) fails
+on the CPU alone, and every bf16 output carries a half-ulp bias. ``repair_bf16_rounding`` makes the
+default conversion round to nearest even (an explicit rounding mode is left as asked), probe-gated
+like the dot's. ``repair_interpreter`` installs every repair.
+
 This module imports torch and triton only inside the judge's functions: the
 orchestrator, which reads sources, never imports torch.
 """
@@ -158,6 +165,81 @@ def repair_bf16_dot() -> Optional[str]:
         builder.create_dot = original
         return None
     return fault
+
+
+def _rounding_probe() -> Optional[int]:
+    """How many of 256 float32 values the interpreter's float32 -> bf16 store rounds unlike PyTorch (None:
+    the probe cannot run)."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _round(x_ptr, y_ptr, N: tl.constexpr):
+        offs = tl.arange(0, N)
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs).to(tl.bfloat16))
+
+    x = torch.randn(256, generator=torch.Generator().manual_seed(1))
+    y = torch.empty(256, dtype=torch.bfloat16)
+    try:
+        _round[(1,)](x, y, N=256)
+    except Exception:
+        return None
+    return int((y != x.to(torch.bfloat16)).sum())
+
+
+@lru_cache(maxsize=1)
+def bf16_rounding_fault() -> Optional[str]:
+    """What the installed interpreter gets wrong rounding float32 to bf16 (probed before any repair), or None."""
+    import triton
+
+    wrong = _rounding_probe()
+    if not wrong:
+        return None
+    return (f"Triton {'.'.join(triton.__version__.split('.')[:2])}'s interpreter truncates float32 -> bf16 "
+            f"instead of rounding to nearest even ({wrong} of 256 values differ from PyTorch's)")
+
+
+def _bf16_nearest_even(values):
+    """float32 values -> their bf16 bit patterns (uint16), rounded to nearest, ties to even; NaN stays NaN."""
+    import numpy as np
+
+    f32 = np.ascontiguousarray(values, dtype=np.float32)
+    bits = f32.view(np.uint32).astype(np.uint64)
+    out = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(f32)
+    out[nan] = ((bits[nan] >> 16) | 0x40).astype(np.uint16)
+    return out.reshape(f32.shape)
+
+
+@lru_cache(maxsize=1)
+def repair_bf16_rounding() -> Optional[str]:
+    """Makes the interpreter's default float32 -> bf16 conversion round to nearest even where the probe finds
+    it truncating; the fault's text when the repair is in place, else None (as repair_bf16_dot)."""
+    fault = bf16_rounding_fault()
+    if fault is None:
+        return None
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original = interpreter._convert_float
+    rtne = interpreter._ir.ROUNDING_MODE.RTNE
+
+    def convert(input, input_dtype, output_dtype, rounding_mode):
+        if input_dtype == tl.float32 and output_dtype == tl.bfloat16 and rounding_mode in (None, rtne):
+            return _bf16_nearest_even(input)
+        return original(input, input_dtype, output_dtype, rounding_mode)
+
+    interpreter._convert_float = convert
+    if _rounding_probe() != 0:
+        interpreter._convert_float = original
+        return None
+    return fault
+
+
+def repair_interpreter() -> list[str]:
+    """Every known fault of the installed interpreter that this process repaired (candidate process, judge)."""
+    return [f for f in (repair_bf16_dot(), repair_bf16_rounding()) if f]
 
 
 def dot_fault_left() -> Optional[str]:
