@@ -46,6 +46,8 @@ class Feedback(BaseModel):
     steps: list[StepView]  # the steps this call evaluated
     next_prompt: str  # what the LLM planner would be sent next: failures in detail, the best kernel, its table
     read: list[str] = []  # how each handed-in source was read (propose only)
+    timed: bool = True  # whether the run's times rank kernels (False on the CPU: correctness only)
+    passing: list[int] = []  # every step whose kernel passed
 
 
 class RunStatusView(BaseModel):
@@ -129,10 +131,15 @@ def _round(store: RunStore, task: TaskPackage, proposals: list[Proposal], progre
 
 
 def _feedback(store: RunStore, task: TaskPackage, state: RunState, new: list[Step]) -> Feedback:
+    from optagent.ranking import timings_rank
+
+    results = [s.result for s in store.steps() if s.result is not None]
     return Feedback(run_id=store.config.run_id, status=state.status, reason=state.reason, best_step=state.best_step,
                     best_geomean_speedup=state.best_geomean_speedup,
                     best_changed=any(s.outcome.keeps_best for s in new),
-                    steps=[view(s) for s in new], next_prompt=next_prompt(store, task))
+                    steps=[view(s) for s in new], next_prompt=next_prompt(store, task),
+                    timed=timings_rank(store.config.device, results),
+                    passing=[s.index for s in store.steps() if s.result is not None and s.result.status.ok])
 
 
 def start_run(scope: Scope, task_name: str, language: Optional[str], max_steps: int,

@@ -44,15 +44,27 @@ def _print(a, fb: Feedback) -> int:
     for line in fb.read:
         con.print(line, markup=False, highlight=False, soft_wrap=True)
     for s in fb.steps:
-        geo = f"{s.geomean_speedup:.3f}x" if s.geomean_speedup else "-"
-        con.print(f"step {s.index}: {s.outcome.value} {s.status.value if s.status else '-'} {geo}  {s.idea}",
-                  markup=False, soft_wrap=True)
+        # on the CPU a speedup is the interpreter's and ranks nothing: the line says what was established
+        geo = f" {s.geomean_speedup:.3f}x" if s.geomean_speedup and fb.timed else ""
+        what = s.status.value if s.status else s.outcome.value
+        if s.status is not None and s.status.ok and not fb.timed:
+            what = "PASSED (correct on the cases run)"
+        elif s.status is None or s.outcome.value != s.status.value:
+            what = f"{s.outcome.value} {s.status.value if s.status else ''}".strip()
+        src = f" (from step {s.parent})" if s.parent is not None else ""
+        con.print(f"step {s.index}{src}: {what}{geo}  {s.idea}", markup=False, soft_wrap=True)
         if s.reason and (s.status is None or not s.status.ok):
             con.print(f"  {first_line(s.reason, 200)}", markup=False)
         if s.retime_note:
             con.print(f"  {s.retime_note}", markup=False)
-    best = f"best step {fb.best_step}, {fb.best_geomean_speedup:.3f}x" if fb.best_geomean_speedup else "no best"
-    con.print(f"run {fb.run_id}: {fb.status.value} ({best})", markup=False)
+    if fb.timed:
+        best = f"best step {fb.best_step}, {fb.best_geomean_speedup:.3f}x" if fb.best_geomean_speedup else "no best"
+        con.print(f"run {fb.run_id}: {fb.status.value} ({best})", markup=False)
+    else:
+        passed = ", ".join(map(str, fb.passing)) or "none"
+        con.print(f"run {fb.run_id}: {fb.status.value}; kernels that passed: step {passed}. A CPU run checks "
+                  f"correctness only: rank them with `optagent retime {fb.run_id}` on a GPU.", markup=False,
+                  soft_wrap=True)
     con.rule("what a planner would be shown next")
     con.print(fb.next_prompt, markup=False, highlight=False)
     return 0 if fb.status.value != "FAILED" else 1
