@@ -70,6 +70,8 @@ def test_a_model_plays_step_mode_in_the_prompts_own_format(tmp_path):
     missed = _oa(tmp_path, "propose", run_id, f"{stale}@1")
     assert missed.returncode == 2 and "stale.txt: does not apply to step 1's kernel" in missed.stderr
     assert "Nearest lines" in missed.stderr and not (runs / run_id / "steps" / "0003").exists()
+    both = _oa(tmp_path, "propose", run_id, f"{stale}@1", str(whole), "--check")  # --check reads each file
+    assert both.returncode == 1 and "stale.txt: NOT READ" in both.stdout and "whole.md: read as" in both.stdout
     failing = _oa(tmp_path, "propose", run_id, f"{wider}@2")  # step 2 has no such launch line either
     assert failing.returncode == 2 and not (runs / run_id / "steps" / "0003").exists()
     notpassing = _oa(tmp_path, "propose", run_id, f"{wider}@7")

@@ -191,13 +191,20 @@ def propose(scope: Scope, run_id: str, sources: list[str], ideas: Optional[list[
 
 def check(scope: Scope, run_id: str, sources: list[str], parents: Optional[list[Optional[int]]] = None,
           labels: Optional[list[str]] = None) -> list[str]:
-    """What propose would evaluate, read and scanned, one entry per source; nothing is run or recorded."""
+    """What propose would evaluate, read and scanned, one entry per source (a source that cannot be read
+    says why, beside the others); nothing is run or recorded."""
     from optagent.integrity import python_syntax_error, static_verdict
 
-    store, _, read = _hand_ins(scope, run_id, sources, None, parents, labels)
-    lang = store.config.language
+    labels = labels or [f"source {i + 1}" for i in range(len(sources))]
+    parents = parents or [None] * len(sources)
     out = []
-    for h in read:
+    for i, text in enumerate(sources):
+        try:
+            store, _, (h,) = _hand_ins(scope, run_id, [text], None, [parents[i]], [labels[i]])
+        except OutsideError as e:
+            out.append(f"{labels[i]}: NOT READ\n  {e}")
+            continue
+        lang = store.config.language
         bad = python_syntax_error(h.source) if lang is not Language.CUDA else None
         why = bad or static_verdict(h.source, lang)
         verdict = (f"COMPILE_ERROR: {bad}" if bad else f"REJECTED before running: {why}" if why else

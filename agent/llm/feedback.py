@@ -63,7 +63,8 @@ def check_source(config_text: str) -> Optional[str]:
         return None
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef) and node.name == "check":
-            text = textwrap.dedent(ast.get_source_segment(config_text, node) or "")
+            # the segment starts at `def`, its body keeps the file's indentation: indent the first line alike
+            text = textwrap.dedent(" " * node.col_offset + (ast.get_source_segment(config_text, node) or ""))
             lines = text.rstrip().split("\n")
             cut = lines[:CHECK_MAX_LINES] + ([f"# ... ({len(lines) - CHECK_MAX_LINES} more lines)"]
                                              if len(lines) > CHECK_MAX_LINES else [])
