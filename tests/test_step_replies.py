@@ -97,3 +97,8 @@ def test_a_model_plays_step_mode_in_the_prompts_own_format(tmp_path):
     assert source(runs, run_id, 5) == NAIVE  # the IDEA: line above the raw source is the idea, not code
     shown = _oa(tmp_path, "show", run_id)
     assert shown.returncode == 0, shown.stderr
+    assert "geomean" not in shown.stdout  # a CPU run's interpreter speedups rank nothing: not shown
+    board = _oa(tmp_path, "leaderboard")
+    assert board.returncode == 0 and "0, 1, 2, 3, 4, 5" in board.stdout and "optagent retime RUN" in board.stdout
+    listed = _oa(tmp_path, "runs")
+    assert "correctness only" in listed.stdout
