@@ -69,8 +69,10 @@ TORCH_FORBIDDEN = set("load save from_file compile export hub utils package clas
 # PyTorch math that computes attention on the host; math.exp and tl.exp are fine.
 TORCH_MATH = set("softmax log_softmax matmul bmm baddbmm mm addmm addbmm einsum tensordot mv dot inner outer exp exp_ "
                  "exp2 expm1 logsumexp sigmoid scaled_dot_product_attention numpy".split())
+# __version__ is a module's version string: reading it (to choose a code path) reaches nothing
 ALLOWED_DUNDERS = set("__init__ __name__ __qualname__ __doc__ __call__ __len__ __getitem__ __setitem__ __iter__ "
-                      "__next__ __enter__ __exit__ __repr__ __str__ __eq__ __hash__ __post_init__".split())
+                      "__next__ __enter__ __exit__ __repr__ __str__ __eq__ __hash__ __post_init__ __version__".split())
+MAX_LISTED = 12  # violations named in one verdict: an obfuscated file can have hundreds
 FORBIDDEN_NAMES = table({"imports modules dynamically": "__import__", "runs dynamic code": "exec eval compile",
                          "opens files": "open", "reads namespaces": "globals locals vars", "patches attributes":
                          "setattr delattr", "debugs or reads stdin": "breakpoint input",
@@ -126,11 +128,11 @@ def _chain_why(parts: list[str], host: bool, imported: bool) -> Optional[str]:
     name = ".".join(parts)
     for p in parts[1:]:
         if p.startswith("__") and p.endswith("__") and p not in ALLOWED_DUNDERS:
-            return f"reaches into interpreter internals ({name})"
+            return f"reaches into Python's interpreter internals through the dunder attribute {p} ({name})"
         if p in FORBIDDEN_ATTRS:
             return f"{FORBIDDEN_ATTRS[p]} ({name})"
-        if imported and p.startswith("_") and parts[0] in ("torch", "triton"):
-            return f"uses private internals ({name})"
+        if imported and p.startswith("_") and p != "__version__" and parts[0] in ("torch", "triton"):
+            return f"uses {p}, a private name of {parts[0]} (its internals, not its API) ({name})"
     if imported and parts[0] == "torch" and len(parts) > 1 and parts[1] in TORCH_FORBIDDEN:
         return f"uses torch.{parts[1]}, which a kernel file may not use ({name})"
     if host and parts[0] not in ("math", "cmath", "triton") and any(p in TORCH_MATH for p in parts[1:]):
@@ -172,17 +174,23 @@ def python_syntax_error(source: str) -> Optional[str]:
     return None
 
 
-def scan_python(source: str) -> Optional[str]:
+def python_violations(source: str) -> list[tuple[int, str]]:
+    """Every rule the source breaks, as (line, why), in line order; one per line and kind of reason."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
-        return None  # python_syntax_error's, reported first as COMPILE_ERROR with the line
+        return []  # python_syntax_error's, reported first as COMPILE_ERROR with the line
+    found: dict[tuple[int, str], str] = {}
+
+    def add(node: ast.AST, why: str) -> None:  # the outermost chain of a line comes first (ast.walk is breadth-first)
+        found.setdefault((getattr(node, "lineno", 0), why.split(" (")[0]), why)
+
     aliases: dict[str, str] = {}
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             why = _import_why(node, aliases)
             if why:
-                return why
+                add(node, why)
     device: set[int] = set()  # nodes inside @triton.jit / autotune / prim_func functions (imported ones)
     for node in _kernels(tree, aliases):
         device.update(id(n) for n in ast.walk(node))
@@ -218,8 +226,22 @@ def scan_python(source: str) -> Optional[str]:
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and FORMAT_ATTR.search(node.value):
             why = "walks attributes through a format string"
         if why:
-            return why
-    return None
+            add(node, why)
+    return [(line, why) for (line, _), why in sorted(found.items(), key=lambda kv: kv[0][0])]
+
+
+def listed(violations: list[tuple[int, str]]) -> Optional[str]:
+    """Violations as one text: "line 3: imports os (...); line 9: ..."; None when there are none."""
+    if not violations:
+        return None
+    shown = [f"line {line}: {why}" if line else why for line, why in violations[:MAX_LISTED]]
+    more = len(violations) - len(shown)
+    return "; ".join(shown) + (f"; and {more} more" if more else "")
+
+
+def scan_python(source: str) -> Optional[str]:
+    """Every violation of the scan's rules, each with its line, or None."""
+    return listed(python_violations(source))
 
 
 # CUDA: comments removed and line continuations spliced first, so `sys\<newline>tem(` reads as the compiler sees it.
@@ -245,12 +267,14 @@ CUDA_FORBIDDEN = {
     r"cublas|cudnn|flash_?attn|flashinfer|cutlass/": "calls a library instead of a kernel",
 }
 def scan_cuda(source: str) -> Optional[str]:
+    """Every rule the source breaks (the first match of each), or None."""
     code = re.sub(r"//[^\n]*|/\*.*?\*/", "", source.replace("\\\n", ""), flags=re.S)
+    found = []
     for pattern, why in CUDA_FORBIDDEN.items():
         m = re.search(pattern, code, re.I if "cublas" in pattern else 0)
         if m:
-            return f"{why} ({m.group(0).strip()[:40]})"
-    return None
+            found.append((0, f"{why} ({m.group(0).strip()[:40]})"))
+    return listed(found)
 
 
 def has_own_kernel(source: str, language: Language) -> bool:
@@ -269,9 +293,6 @@ def has_own_kernel(source: str, language: Language) -> bool:
 def static_verdict(source: str, language: Language) -> Optional[str]:
     """Why a source is rejected before it runs, or None."""
     why = scan_cuda(source) if language is Language.CUDA else scan_python(source)
-    if why:
-        return why
-    if not has_own_kernel(source, language):
-        return f"defines no {language.value} kernel of its own"
-    return None
+    own = None if has_own_kernel(source, language) else f"defines no {language.value} kernel of its own"
+    return "; ".join(filter(None, (why, own))) or None
 

@@ -84,6 +84,7 @@ class Job(Record):
     outputs_dir: Optional[str] = None  # where the candidate saves outputs for the judge
     samples: dict[str, list[Sample]] = Field(default_factory=dict)  # judge: saved outputs per case
     source_fp8: bool = False  # judge: the candidate's source names an fp8 type (interpreter_faults)
+    source_dot: bool = False  # judge: the candidate's source calls a dot (interpreter_faults)
     time_baseline: bool = True  # candidate: time the baselines first (off where a pool times them once per lane)
     timer: Optional[NativeTimerSpec] = None  # candidate: the native timer (None: the Python one)
     expected: dict[str, list[ExpectedSample]] = Field(default_factory=dict)  # judge: samples that must exist

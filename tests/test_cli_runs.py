@@ -62,10 +62,12 @@ def test_replay_run_end_to_end(replay_run):
     proposal = json.loads((run / "steps" / "0002" / "proposal.json").read_text())
     assert "SEARCH text was not found" in proposal["error"]  # the non-applying edit is a recorded step
     assert "step   2" in proc.stdout and "NO_KERNEL" in proc.stdout
-    # each timed step shows the geomean time its verdict was taken on, beside its speedup
+    # a CPU run's step lines say what was established, not an interpreter time that ranks nothing (a GPU
+    # run's show the geomean time its verdict was taken on); its last line says which kernels passed
     baseline_step = Step.model_validate_json((run / "steps" / "0000" / "step.json").read_text())
     line = next(x for x in proc.stdout.splitlines() if x.startswith("step   0"))
-    assert f"{baseline_step.result.geomean_time_us:.1f} us" in line
+    assert "(correct on the cases run)" in line and f"{baseline_step.result.geomean_time_us:.1f} us" not in line
+    assert "kernels that passed: step 0" in proc.stdout and f"optagent retime {run.name}` on a GPU" in proc.stdout
 
 
 def test_runs_show_and_leaderboard(replay_run, task_dir):

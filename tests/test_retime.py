@@ -39,3 +39,16 @@ def test_retime_ranks_the_passing_candidates_of_a_run_made_elsewhere(tmp_path: P
     speedups = [r["geomean_speedup"] for r in doc["ranked"]]
     assert all(s for s in speedups) and speedups == sorted(speedups, reverse=True)
     assert {r["recorded_speedup"] for r in doc["ranked"]} != {None}  # the H200 figures, side by side
+
+
+def test_retime_task_names_the_package_of_a_moved_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    runs = tmp_path / "runs"
+    shutil.copytree(SAMPLE, runs)
+    run = next(runs.iterdir())
+    other = tmp_path / "elsewhere" / "mla_decode_task_package"  # a package, but not the run's
+    shutil.copytree(ROOT / "tasks" / "mla_decode_task_package", other)
+    code = main(["retime", "--runs-dir", str(runs), run.name, "--device", "cpu", "--task", str(other)])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{other}: not the task package run" in err and len(err.strip().splitlines()) == 1
+    missing = main(["retime", "--runs-dir", str(runs), run.name, "--device", "cpu", "--task", str(tmp_path / "no")])
+    assert missing == 2 and str(tmp_path / "no") in capsys.readouterr().err

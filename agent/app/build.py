@@ -104,14 +104,22 @@ def run_limits(config: RunConfig) -> Limits:
 
 
 def prompt_rules(config: RunConfig, task: TaskPackage):
-    """The judge's tolerance and the loop's accept rule, as the LLM's prompt states them."""
-    from optagent.llm.feedback import Rules
+    """The judge's tolerance (or the task's own check()), the contest's cases and the loop's accept rule,
+    as the LLM's prompt states them."""
+    from optagent.evaluation.evaluator import probe_task
+    from optagent.llm.feedback import Rules, case_sizes, check_source
     from optagent.search.loop import CLEAR_GAIN
+    from optagent.task import TaskError
 
     m = task.manifest if task.manifest and task.manifest.hooks else None
+    try:  # cached after the run's first evaluation; a package whose config will not load shows no cases
+        cases = tuple(case_sizes(c.index, c.sizes) for c in probe_task(task, cached=True).cases)
+    except TaskError:
+        cases = ()
+    check = None if m else check_source(task.config_path.read_text(encoding="utf-8", errors="replace"))
     return Rules(tolerance_factor=m.tolerance_factor if m else None, min_tolerance=m.min_tolerance if m else None,
-                 min_gain=config.min_gain, clear_gain=CLEAR_GAIN,
-                 device=config.device.value)
+                 min_gain=config.min_gain, clear_gain=CLEAR_GAIN, device=config.device.value,
+                 contest_cases=cases, check_source=check)
 
 
 def build_planner(config: RunConfig, task: TaskPackage) -> Planner:

@@ -160,10 +160,13 @@ def next_context(store: RunStore, task: TaskPackage, traj: Optional[Trajectory] 
 
 
 def next_prompt(store: RunStore, task: TaskPackage) -> str:
-    """The user message the LLM planner would be sent next, with the rules it states (the judge's
+    """The messages the LLM planner would be sent next (system, then user), with the rules it states (the judge's
     tolerance, the accept rule): what step mode and the MCP tools show an outside agent."""
     from optagent.search.planners.llm import build_messages
 
     if store.state() is None:
         raise RunError(f"{store.path}: the run has no state yet (its starter was never evaluated)")
-    return build_messages(next_context(store, task), rules=prompt_rules(store.config, task))[1]["content"]
+    # the system message too: its rules and the reply format (the SEARCH/REPLACE markers) are what propose reads
+    system, user = build_messages(next_context(store, task), rules=prompt_rules(store.config, task),
+                                  hand_in={"run_id": store.config.run_id})
+    return system["content"].rstrip("\n") + "\n\n" + user["content"]

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from optagent.app.operations import OutsideError, Scope, device_of, language_of, render
 from optagent.progress import ProgressSink
 from optagent.app.runs import RunRequest, create_run, drive, next_prompt
-from optagent.schema import PlannerKind, Proposal, RunState, RunStatus, Status, Step, StepOutcome
+from optagent.schema import Language, PlannerKind, Proposal, RunState, RunStatus, Status, Step, StepOutcome
 from optagent.settings import UserError
 from optagent.runs.store import RunError, RunStore
 from optagent.task import TaskPackage
@@ -45,6 +45,9 @@ class Feedback(BaseModel):
     best_changed: bool
     steps: list[StepView]  # the steps this call evaluated
     next_prompt: str  # what the LLM planner would be sent next: failures in detail, the best kernel, its table
+    read: list[str] = []  # how each handed-in source was read (propose only)
+    timed: bool = True  # whether the run's times rank kernels (False on the CPU: correctness only)
+    passing: list[int] = []  # every step whose kernel passed
 
 
 class RunStatusView(BaseModel):
@@ -128,10 +131,15 @@ def _round(store: RunStore, task: TaskPackage, proposals: list[Proposal], progre
 
 
 def _feedback(store: RunStore, task: TaskPackage, state: RunState, new: list[Step]) -> Feedback:
+    from optagent.ranking import timings_rank
+
+    results = [s.result for s in store.steps() if s.result is not None]
     return Feedback(run_id=store.config.run_id, status=state.status, reason=state.reason, best_step=state.best_step,
                     best_geomean_speedup=state.best_geomean_speedup,
                     best_changed=any(s.outcome.keeps_best for s in new),
-                    steps=[view(s) for s in new], next_prompt=next_prompt(store, task))
+                    steps=[view(s) for s in new], next_prompt=next_prompt(store, task),
+                    timed=timings_rank(store.config.device, results),
+                    passing=[s.index for s in store.steps() if s.result is not None and s.result.status.ok])
 
 
 def start_run(scope: Scope, task_name: str, language: Optional[str], max_steps: int,
@@ -142,29 +150,67 @@ def start_run(scope: Scope, task_name: str, language: Optional[str], max_steps: 
     return _round(create_run(scope.runs_dir, task, config), task, [], progress)
 
 
-def propose(scope: Scope, run_id: str, sources: list[str], ideas: Optional[list[str]] = None,
-            parent: Optional[int] = None, progress: Optional[ProgressSink] = None) -> Feedback:
+def _hand_ins(scope: Scope, run_id: str, sources: list[str], ideas: Optional[list[str]],
+              parents: Optional[list[Optional[int]]], labels: Optional[list[str]]):
+    """The run and its round's hand-ins, each read against its parent (app/handin.py)."""
+    from optagent.app.handin import HandInError, read_round
+
     if not sources:
         raise OutsideError("propose: give at least one kernel source")
     if len(sources) > MAX_ROUND:
         raise OutsideError(f"propose: {len(sources)} sources in one round; at most {MAX_ROUND}")
     if ideas is not None and len(ideas) != len(sources):
         raise OutsideError(f"propose: {len(ideas)} ideas for {len(sources)} sources; give one idea per source")
-    empty = [i + 1 for i, s in enumerate(sources) if not s.strip()]
-    if empty:
-        raise OutsideError(f"propose: source {empty[0]} is empty: pass each kernel's whole text")
+    if parents is not None and len(parents) != len(sources):
+        raise OutsideError(f"propose: {len(parents)} parents for {len(sources)} sources; give one per source")
     store, task = open_run(scope, run_id)
-    passing = {s.index for s in store.steps() if s.result is not None and s.result.status.ok}
-    if parent is not None and parent not in passing:
-        raise OutsideError(f"propose: parent {parent} is not a passing step of run {run_id} "
-                           f"(passing: {', '.join(map(str, sorted(passing))) or 'none'})")
     if store.config.planner is not PlannerKind.EXTERNAL:
         raise OutsideError(f"run {run_id} is driven by the {store.config.planner.value} planner, not by an "
                            "outside agent (optagent resume RUN --planner external hands it over)")
-    proposals = [Proposal(source=s, idea=(ideas[i] if ideas else f"outside agent's kernel {i + 1}").strip()
-                          or "(no idea given)", parent=parent)
-                 for i, s in enumerate(sources)]
-    return _round(store, task, proposals, progress)
+    try:
+        read = read_round(store, sources, ideas, parents or [None] * len(sources),
+                          labels or [f"source {i + 1}" for i in range(len(sources))])
+    except HandInError as e:
+        raise OutsideError(str(e)) from None
+    return store, task, read
+
+
+def propose(scope: Scope, run_id: str, sources: list[str], ideas: Optional[list[str]] = None,
+            parent: Optional[int] = None, progress: Optional[ProgressSink] = None, *,
+            parents: Optional[list[Optional[int]]] = None, labels: Optional[list[str]] = None) -> Feedback:
+    """One round: each source read as the prompt asks for it (IDEA + SEARCH/REPLACE against its parent,
+    a fenced whole file, or raw source), recorded with its parent (given, or the one the feedback names)."""
+    if parent is not None:
+        parents = [p if p is not None else parent for p in (parents or [None] * len(sources))]
+    store, task, read = _hand_ins(scope, run_id, sources, ideas, parents, labels)
+    proposals = [Proposal(source=h.source, idea=h.idea or f"outside agent's kernel {i + 1}", parent=h.parent,
+                          meta={"read_as": h.read_as.value, "edit_blocks": h.blocks})
+                 for i, h in enumerate(read)]
+    return _round(store, task, proposals, progress).model_copy(update={"read": [h.describe() for h in read]})
+
+
+def check(scope: Scope, run_id: str, sources: list[str], parents: Optional[list[Optional[int]]] = None,
+          labels: Optional[list[str]] = None) -> list[str]:
+    """What propose would evaluate, read and scanned, one entry per source (a source that cannot be read
+    says why, beside the others); nothing is run or recorded."""
+    from optagent.integrity import python_syntax_error, static_verdict
+
+    labels = labels or [f"source {i + 1}" for i in range(len(sources))]
+    parents = parents or [None] * len(sources)
+    out = []
+    for i, text in enumerate(sources):
+        try:
+            store, _, (h,) = _hand_ins(scope, run_id, [text], None, [parents[i]], [labels[i]])
+        except OutsideError as e:
+            out.append(f"{labels[i]}: NOT READ\n  {e}")
+            continue
+        lang = store.config.language
+        bad = python_syntax_error(h.source) if lang is not Language.CUDA else None
+        why = bad or static_verdict(h.source, lang)
+        verdict = (f"COMPILE_ERROR: {bad}" if bad else f"REJECTED before running: {why}" if why else
+                   "syntax and scan OK (kernels compile when first launched: only an evaluation runs that)")
+        out.append(f"{h.describe()}\n  {verdict}")
+    return out
 
 
 def feedback(scope: Scope, run_id: str) -> Feedback:

@@ -13,6 +13,7 @@ from optagent.cli.options import add_runs_dir
 from optagent.cli.views import console, human_console, print_json
 from optagent.report.format import fmt, keep_ids_whole, print_eval
 from optagent.runs.tree import best_step, lineage_text, parents
+from optagent.ranking import timings_rank
 from optagent.runs.store import RunError, RunStore, list_runs, runs_dir
 
 
@@ -63,12 +64,15 @@ def cmd_show(a) -> int:
     t = Table(title_justify="left")
     tokens = any(s.usage.prompt_tokens or s.usage.completion_tokens for s in steps)
     up = parents(steps)
-    for col in ("step", "from", "outcome", "status", "geomean", "geomean us") + (("tokens in/out",) if tokens else ()) + ("idea",):
+    # a CPU run's times are the interpreter's: they rank nothing, so show leaves them out (retime ranks on a GPU)
+    timed = timings_rank(cfg.device, [s.result for s in steps])
+    figures = ("geomean", "geomean us") if timed else ()
+    for col in ("step", "from", "outcome", "status") + figures + (("tokens in/out",) if tokens else ()) + ("idea",):
         t.add_column(col)
     for s in steps:
         t.add_row(str(s.index), fmt(up.get(s.index), "d"), s.outcome.value, s.result.status.value if s.result else "-",
-                  fmt(s.result.geomean_speedup if s.result else None, ".2f", "x"),
-                  fmt(s.result.geomean_time_us if s.result else None, ".1f"),
+                  *((fmt(s.result.geomean_speedup if s.result else None, ".2f", "x"),
+                     fmt(s.result.geomean_time_us if s.result else None, ".1f")) if timed else ()),
                   *((token_text(s.usage),) if tokens else ()), plain(s.idea[:80], markup=True))
     con.print(t)
     if best:

@@ -23,7 +23,9 @@ from optagent.task import load_task
 def cmd_retime(a) -> int:
     store = RunStore.open(runs_dir(a.runs_dir), a.run_id)
     cfg = store.config
-    task = load_task(cfg.task_dir)
+    task = load_task(a.task or cfg.task_dir)  # --task: the package where the run was moved from another machine
+    if a.task and task.digest() != cfg.task_digest:
+        raise RunError(f"{task.root}: not the task package run {cfg.run_id} was made with (its files differ)")
     device = resolve_device(a.device)
     evaluator = build_evaluator(task, device, a.cases, hidden=not a.no_hidden, timeout_s=a.timeout, profile=a.profile)
     passing = [s for s in store.steps() if s.result is not None and s.result.status.ok]
@@ -61,6 +63,7 @@ def add_retime_command(sub: argparse._SubParsersAction) -> None:
 
     r = sub.add_parser("retime", help="evaluate every passing candidate of a run here and rank them")
     r.add_argument("run_id", help="run id, unique prefix or path")
+    r.add_argument("--task", help="the task package's directory, where the run was made on another machine")
     r.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when a GPU is visible, else cpu")
     r.add_argument("--cases", help="cases to run, e.g. 1,3-5 (default: all on GPU, smoke cases on CPU)")
     r.add_argument("--timeout", type=float, default=TIMEOUT_S, help=f"seconds per candidate (default {TIMEOUT_S:g})")

@@ -16,6 +16,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from optagent.schema import RunConfig, RunState, RunStatus
+from optagent.ranking import timings_rank
 from optagent.runs.store import RunError, RunStore
 from optagent.report.format import fmt
 
@@ -97,7 +98,10 @@ def print_runs(con: Console, runs: list[RunSummary], title: str, by_path: bool =
         cells.append([r.run_id, cfg.task_name if cfg else "?",
                       (cfg.planner.value + (f"/{cfg.model}" if cfg.model else "")) if cfg else "?",
                       cfg.language.value if cfg else "?", cfg.device.value if cfg else "?", r.shown,
-                      str(st.steps if st else 0), fmt(st.best_geomean_speedup if st else None, ".2f", "x")])
+                      str(st.steps if st else 0),
+                      # a CPU run's speedup is the interpreter's: it ranks nothing (retime ranks on a GPU)
+                      ("correctness only" if st and st.best_step is not None else "-")
+                      if cfg and not timings_rank(cfg.device) else fmt(st.best_geomean_speedup if st else None, ".2f", "x")])
     t = Table(title=title, title_justify="left")
     for col in ("run", "task", "planner", "lang", "device", "status", "steps", "best"):
         t.add_column(col, no_wrap=col in ("run", "status"))

@@ -17,6 +17,7 @@ from optagent.cli.options import (add_eval_options, add_limit_options, add_plann
 from optagent.protocols import Evaluator, Planner, Pool
 from optagent.profile_facts import ProfileStatus
 from optagent.schema import ClusterEngine, Device, PlannerKind, RunState, RunStatus, Step
+from optagent.ranking import timings_rank
 from optagent.runs.store import RunError, RunStore, runs_dir
 from optagent.task import TaskPackage, load_task
 from optagent.cli.views import console, human_console, print_json
@@ -36,8 +37,12 @@ def _progress(con, t0: float, live=None):
         # the decision is on this time; the speedup also moves with the baseline's own timing
         us = fmt(r.geomean_time_us if r else None, ".1f", " us")
         elapsed = time.monotonic() - t0
+        # an interpreter's time ranks nothing: on the CPU the line says what was established instead
+        timed = timings_rank(results=[r]) if r else True
+        figures = (f"{ratio(gm):>8} {us:>11}  best {ratio(state.best_geomean_speedup):>8}" if timed else
+                   f"{'(correct on the cases run)' if r and r.status.ok else '':<35}")
         con.print(f"step {step.index:>3}  [{style}]{status:<13}[/] {step.outcome.value:<10} "
-                  f"{ratio(gm):>8} {us:>11}  best {ratio(state.best_geomean_speedup):>8}  "
+                  f"{figures}  "
                   f"tokens {state.usage.prompt_tokens + state.usage.completion_tokens:>7}  "
                   f"${state.usage.cost_usd:.2f}  {elapsed:6.0f}s  {plain(step.idea[:70], markup=True)}", soft_wrap=True)
         why = step.error or (r.reason if r and not r.status.ok else None)
@@ -80,8 +85,12 @@ def _run_and_report(store: RunStore, task: TaskPackage, a, con, planner: Planner
             live.close()
     best = store.best()
     outcome = f"{state.status.value}: {state.reason or 'stopped'}. {state.steps} step{'s' * (state.steps != 1)}"
-    if best:
+    if best and timings_rank(cfg.device, [best[1]]):
         outcome += f"; best geomean speedup {ratio(state.best_geomean_speedup)} (step {state.best_step})"
+    elif best:  # a CPU run: which kernels work, and how to rank them
+        passed = [str(s.index) for s in store.steps() if s.result is not None and s.result.status.ok]
+        outcome += (f"; kernels that passed: step {', '.join(passed)}. A CPU run checks correctness only: rank them "
+                    f"with `optagent retime {cfg.run_id}` on a GPU")
     con.print(plain(outcome, markup=False), markup=False, soft_wrap=True)
     if best:
         con.print(f"best kernel: {store.path / 'best'}")

@@ -21,7 +21,7 @@ from typing import Callable, Optional
 from optagent.cache import cache_root, write_json
 from optagent.integrity import python_syntax_error, static_verdict
 from optagent.secret_env import redact
-from optagent.worker.interpreter_faults import source_uses_fp8
+from optagent.worker.interpreter_faults import source_uses_dot, source_uses_fp8
 from optagent.evaluation import isolation
 from optagent.evaluation.cost_clock import CostClock
 from optagent.evaluation.lanes import Control
@@ -148,6 +148,7 @@ class SandboxEvaluator:
             (scratch / "outputs").mkdir()
             job = self._job("candidate", scratch, nonce, language=language, source_path=str(src),
                             outputs_dir=str(scratch / "outputs"), source_fp8=source_uses_fp8(source),
+                            source_dot=source_uses_dot(source),
                             time_baseline=baselines is None, timer=timer)
             if progress:
                 progress(Progress(phase=Phase.STARTING))

@@ -7,16 +7,18 @@ views returned here are rendered by prompts/feedback.j2.
 
 from __future__ import annotations
 
-import difflib
+import ast
 import re
+import textwrap
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from optagent.integrity import (ALLOWED_DUNDERS, CUDA_FORBIDDEN, FORBIDDEN_ATTRS, FORBIDDEN_NAMES, TORCH_FORBIDDEN,
+                                TORCH_MATH)
 from optagent.runs.view import Attempt
-from optagent.schema import EvalResult, Status, StepOutcome
+from optagent.schema import EvalResult, Language, Status, StepOutcome
 
 WINDOW = 4  # source lines shown either side of the line an error names
-DIFF_MAX_LINES = 120  # a whole-file rewrite's bug line must fit (a model met one cut at 60 lines)
 GROUP_CASES_MAX = 12  # case labels listed per group of identical errors
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?", re.IGNORECASE)
 # Triton's CompilationError: "at 12:8:" then up to 12 lines of the jit function, a caret line, the error.
@@ -39,11 +41,49 @@ class Rules:
     min_gain: Optional[float] = None
     clear_gain: Optional[float] = None
     device: Optional[str] = None  # the run's device ("cpu", "cuda")
+    contest_cases: tuple[str, ...] = ()  # each contest case's argument sizes (getTestCaseSize), "1: 1x4096, 4096"
+    check_source: Optional[str] = None  # the task's own check(), where it (not a tolerance) decides correctness
 
     def view(self) -> dict[str, Any]:
-        return {"device": self.device,"tolerance_factor": self.tolerance_factor, "min_tolerance": self.min_tolerance,
+        return {"device": self.device, "tolerance_factor": self.tolerance_factor, "min_tolerance": self.min_tolerance,
+                "contest_cases": list(self.contest_cases), "check_source": self.check_source,
                 "min_gain_pct": None if self.min_gain is None else f"{self.min_gain:.0%}",
                 "clear_gain_pct": None if self.clear_gain is None else f"{self.clear_gain:.0%}"}
+
+
+CHECK_MAX_LINES = 40
+
+
+def check_source(config_text: str) -> Optional[str]:
+    """The source of the ``check`` function a contest testcase_config defines (the package's own, trusted
+    text), cut to CHECK_MAX_LINES; None when there is none."""
+    try:
+        tree = ast.parse(config_text)
+    except (SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == "check":
+            # the segment starts at `def`, its body keeps the file's indentation: indent the first line alike
+            text = textwrap.dedent(" " * node.col_offset + (ast.get_source_segment(config_text, node) or ""))
+            lines = text.rstrip().split("\n")
+            cut = lines[:CHECK_MAX_LINES] + ([f"# ... ({len(lines) - CHECK_MAX_LINES} more lines)"]
+                                             if len(lines) > CHECK_MAX_LINES else [])
+            return "\n".join(cut) or None
+    return None
+
+
+def case_sizes(index: int, sizes: list[list[int]]) -> str:
+    """A contest case's argument sizes as one line: "3: 16x4096, 4096, scalar"."""
+    return f"{index}: " + ", ".join("x".join(map(str, s)) if s else "scalar" for s in sizes)
+
+
+def scan_rules(language: Language) -> dict[str, Any]:
+    """The static scan's rules (integrity.py), stated before a rejection costs an attempt."""
+    if language is Language.CUDA:
+        return {"cuda": sorted(set(CUDA_FORBIDDEN.values()))}
+    return {"cuda": [], "names": sorted(FORBIDDEN_NAMES), "dunders": sorted(ALLOWED_DUNDERS),
+            "torch_forbidden": sorted(TORCH_FORBIDDEN), "torch_math": sorted(TORCH_MATH),
+            "attrs": sorted(set(FORBIDDEN_ATTRS.values()))}
 
 
 def _triton_line(text: str, lines: list[str]) -> Optional[int]:
@@ -121,25 +161,6 @@ def failing_groups(result: EvalResult) -> list[dict[str, Any]]:
         out.append({**g, "count": len(g["cases"]), "labels": ", ".join(shown) + (f" and {more} more" if more else ""),
                     "skipped": g["status"] == Status.SKIPPED.value})
     return out
-
-
-def parent_source(attempts: list[Attempt], index: int, fallback: Optional[str] = None) -> Optional[str]:
-    """The kernel step ``index`` was made from: the latest kept step before it (the best; on the CPU,
-    where every passing kernel is kept and the next attempt builds on the newest, the newest)."""
-    kept = (StepOutcome.ACCEPTED.value, StepOutcome.BASELINE.value, StepOutcome.PASSED.value)
-    before = [a for a in attempts if a.index < index and a.outcome in kept and a.source]
-    return before[-1].source if before else fallback
-
-
-def diff(parent: Optional[str], child: Optional[str], max_lines: int = DIFF_MAX_LINES) -> str:
-    """A unified diff, parent to child, cut to ``max_lines``; '' when either is missing or they agree."""
-    if not parent or not child or parent == child:
-        return ""
-    lines = list(difflib.unified_diff(parent.splitlines(), child.splitlines(), "parent", "candidate",
-                                      n=2, lineterm=""))
-    if len(lines) > max_lines:
-        lines = lines[:max_lines] + [f"... ({len(lines) - max_lines} more diff lines)"]
-    return "\n".join(lines)
 
 
 def run_device(rules: Rules, attempts: list[Attempt]) -> Optional[str]:

@@ -170,6 +170,25 @@ def _clip(text: str) -> str:
     return text if len(text) <= IDEA_MAX_CHARS else text[: IDEA_MAX_CHARS - 1].rstrip() + "…"
 
 
+def idea_line(reply: str) -> str:
+    """The reply's ``IDEA:`` line only (no prose fallback: a raw source's first line is no idea); ''."""
+    m = _IDEA.search(reply or "")
+    return _clip(m.group(1)) if m and m.group(1).strip("*_` ") else ""
+
+
+def without_idea_lines(text: str) -> str:
+    """``text`` without the ``IDEA:`` lines before its first other non-blank line (a raw source under one)."""
+    lines = text.replace("\r\n", "\n").split("\n")
+    i = 0
+    while i < len(lines) and (not lines[i].strip() or _IDEA.match(lines[i])):
+        i += 1
+    return "\n".join(lines[i:]) if any(_IDEA.match(x) for x in lines[:i]) else text
+
+
+def has_fence(text: str) -> bool:
+    return any(_FENCE.match(line) for line in text.split("\n"))
+
+
 def extract_idea(reply: str) -> str:
     """The reply's ``IDEA:`` line, else the first sentence of its prose; '' when it has none."""
     m = _IDEA.search(reply or "")

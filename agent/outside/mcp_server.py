@@ -96,12 +96,16 @@ def build_server(scope: ops.Scope) -> MCPServer:
 
     @server.tool()
     async def propose(run_id: RunId, ctx: Context,
-                      sources: Annotated[list[str], Field(min_length=1, max_length=16, description="one or "
-                                                          "more whole kernel sources: one round")],
+                      sources: Annotated[list[str], Field(min_length=1, max_length=16, description="one round: "
+                                                          "each an attempt in the prompt's reply format (the IDEA: "
+                                                          "line, then SEARCH/REPLACE blocks against its parent's "
+                                                          "kernel, or the whole file in a fenced code block) or a "
+                                                          "raw kernel source")],
                       ideas: Annotated[Optional[list[str]], Field(description="one short idea per source, "
                                                                   "in the same order")] = None,
                       parent: Annotated[Optional[int], Field(description="the step each source was derived "
-                                                             "from; default: the run's best")] = None
+                                                             "from (its SEARCH/REPLACE blocks apply to that step's "
+                                                             "kernel); default: the kernel the feedback names")] = None
                       ) -> run_ops.Feedback:
         """Evaluate the sources as one round of the run, record every one as a step, and apply the same
         accept rule `optagent run` applies (a candidate replaces the best only when faster by more than the

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from optagent.profile_facts import ProfileStatus
+from optagent.ranking import timings_rank
 from optagent.text import plain
 from optagent.schema import (CaseKind, CaseResult, Costs, Device, EvalResult, FloorKind, Isolation, Mechanism, Status,
                              TimerKind, Timing)
@@ -144,8 +145,10 @@ def print_eval(con: Console, result: EvalResult) -> None:
     if result.reason:  # the candidate's own text, often: never read as markup (text.plain)
         line += f": {plain(result.reason, markup=True)}"
     gm = result.geomean_speedup
-    if gm:
+    if gm and timings_rank(results=[result]):
         line += f"  geomean speedup {gm:.2f}x"
+    elif result.status.ok:  # an interpreter's speedup ranks nothing: say what the run established
+        line += "  (correct on the cases run; CPU interpreter times rank nothing: `optagent retime` on a GPU ranks)"
     if result.baseline_label:
         line += f"  (baseline: {plain(result.baseline_label, markup=True)})"
     con.print(line, soft_wrap=True)

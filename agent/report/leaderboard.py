@@ -18,7 +18,7 @@ from rich.table import Table
 
 from optagent.ranking import timings_rank
 from optagent.schema import Device, EvalResult, RunConfig
-from optagent.runs.store import RunError, list_runs, unified_diff
+from optagent.runs.store import RunError, RunStore, list_runs, unified_diff
 from optagent.runs.tree import best_step, lineage
 from optagent.report.format import fmt, keep_ids_whole
 
@@ -125,6 +125,15 @@ def _planner(e: Entry) -> str:
     return e.config.planner.value + (f"/{e.config.model}" if e.config.model else "")
 
 
+def _passed(e: Entry) -> str:
+    """The steps of a CPU run whose kernel passed (the starter as 0), which retime would rank."""
+    try:
+        steps = RunStore(e.path).steps()
+    except RunError:
+        return e.kernel_note
+    return ", ".join(str(s.index) for s in steps if s.result is not None and s.result.status.ok) or "-"
+
+
 def print_board(con: Console, entries: list[Entry], diff: bool = False) -> None:
     # No date column: the run id begins with its start time, and the id must stay whole.
     gpu, cpu, rank = [e for e in entries if not e.cpu], [e for e in entries if e.cpu], ranks(entries)
@@ -139,12 +148,13 @@ def print_board(con: Console, entries: list[Entry], diff: bool = False) -> None:
         keep_ids_whole(t, -1, con)
         con.print(t)
     if cpu:
-        t = Table(title=CPU_TITLE, title_justify="left", caption="a CPU run shows that a kernel works; its times "
-                  "are the interpreter's, not GPU timings; newest first", caption_justify="left")
-        for col in ("task", "kernel", "lineage", "planner", "lang", "run"):
-            t.add_column(col, max_width=24 if col in ("planner", "lineage") else None)
+        t = Table(title=CPU_TITLE, title_justify="left", caption="a CPU run shows which kernels work (passed: the "
+                  "steps whose kernel passed its checks); its times are the interpreter's, not GPU timings: rank its "
+                  "kernels with `optagent retime RUN` on a GPU; newest first", caption_justify="left")
+        for col in ("task", "kernel", "passed", "lineage", "planner", "lang", "run"):
+            t.add_column(col, max_width=24 if col in ("planner", "lineage", "passed") else None)
         for e in cpu:
-            t.add_row(e.config.task_name, e.kernel_note, e.lineage_text, _planner(e), e.config.language.value,
+            t.add_row(e.config.task_name, e.kernel_note, _passed(e), e.lineage_text, _planner(e), e.config.language.value,
                       e.config.run_id)
         keep_ids_whole(t, -1, con)
         con.print(t)

@@ -27,7 +27,7 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 from optagent.report.charts import (Category, CATEGORIES, step_category, StepChart, step_chart, BarChart, case_chart)
 from optagent.report.svg import num, sci, us
 from optagent.report.code import (highlight_css, highlight_lines, diff_lines, error_summary)
-from optagent.text import first_line
+from optagent.text import first_line, plain
 
 # ----------------------------------------------------------------------------
 # Page models

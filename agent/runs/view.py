@@ -32,6 +32,7 @@ class Attempt:
     source: Optional[str] = None
     retime_note: Optional[str] = None  # how the comparison that decided its outcome went
     hidden_failed: int = 0  # hidden cases that failed: counted for the planner, never described
+    parent: Optional[int] = None  # the step it was derived from (None: the starter, or an old run)
 
 
 @dataclass
@@ -78,7 +79,8 @@ def as_attempt(step: Step, source: Optional[str] = None) -> Attempt:
         error = told if names_hidden(error) else error
         result = result.model_copy(update={"cases": shown, "reason": reason})
         hidden_failed = len(failed_hidden)
-    return Attempt(step.index, step.idea, step.outcome.value, error, result, source, step.retime_note, hidden_failed)
+    return Attempt(step.index, step.idea, step.outcome.value, error, result, source, step.retime_note, hidden_failed,
+                   step.parent)
 
 
 def contexts(task: TaskPackage, config: RunConfig, traj: Trajectory, start: int,

@@ -22,12 +22,13 @@ import torch
 from optagent.worker import bench, compiler_facts
 from optagent.worker.backends import CompileError, Refused, Unsupported, backend_for
 from optagent.worker.guard import lock_imports, watch_host_compute
+from optagent.worker.interpreter_faults import repair_interpreter
 from optagent.worker.after_work import AfterWork, out_bytes
 from optagent.worker.harness import TaskRuntime, checksum, poison, run_baseline, same_bits
 from optagent.worker.lane import STARTED, lane
 from optagent.messages import (Baseline, CaseFailed, CaseRan, CaseSpec, CaseStart, Channel, Compiled, Done, Hello,
                                Integrity, Job, Phase, PhaseStarted, Sample)
-from optagent.schema import CaseKind, Device, Status, Timing
+from optagent.schema import CaseKind, Device, Language, Status, Timing
 from optagent.timer_records import LoopKind, checked_seeds, set_seed, timed_name
 from optagent.worker.timers import make_timer
 
@@ -64,6 +65,8 @@ class Candidate:
             with lane(chan, Phase.BASELINE):  # before any candidate code exists in the process
                 self._baselines()
         backend = backend_for(job.language, job.device, job.compiler, job.compile_timeout_s)
+        if job.device is Device.CPU and job.language is Language.TRITON:
+            repair_interpreter()  # the interpreter's own faults, mended before any candidate code exists
         if job.guard:
             lock_imports(report=lambda why: chan.send(Integrity(reason=why)))
         chan.send(PhaseStarted(phase=Phase.COMPILING))

@@ -12,6 +12,20 @@ dropped, so 1.99 -> e4m3 gives 1.0, not 2.0. The conversion is often implicit (a
 into an fp8 pointer, ``p.to(v.dtype)`` with fp8 ``v``), so a case counts as fp8 when
 the source names an fp8 type or any of its tensors is fp8.
 
+Bf16 ``tl.dot``: Triton 3.6's interpreter keeps bf16 values as their uint16 bit patterns and
+multiplies those integers (a 16x64 @ 64x32 dot is wrong by a relative 8e9). This one is
+repaired, not blamed: ``repair_bf16_dot`` (called in the candidate process before any
+candidate code exists, and in the judge) widens bf16 operands to float32 before the product,
+which is exact for bf16 inputs, so the kernel is judged. The repair is installed only when
+the probe finds the fault, and checked by the same probe; a Triton that fixed it is left alone.
+
+Bf16 rounding: the same interpreter converts float32 to bf16 by truncation (``x.to(tl.bfloat16)``
+and a store into a bf16 pointer), where a GPU rounds to nearest even: 1.66796875 gives 1.6640625,
+not 1.671875. A kernel that must reproduce PyTorch's bf16 result exactly (a residual sum) fails
+on the CPU alone, and every bf16 output carries a half-ulp bias. ``repair_bf16_rounding`` makes the
+default conversion round to nearest even (an explicit rounding mode is left as asked), probe-gated
+like the dot's. ``repair_interpreter`` installs every repair.
+
 This module imports torch and triton only inside the judge's functions: the
 orchestrator, which reads sources, never imports torch.
 """
@@ -28,6 +42,7 @@ from optagent.schema import Status
 # Triton's fp8 types (tl.float8e4nv, ...), PyTorch's (torch.float8_e4m3fn, ...) and the fp8e* type strings.
 FP8_NAME = re.compile(r"\bfloat8(?:e4nv|e4b15|e4b8|e5|e5b16)\b|\bfloat8_e[45]m[23]\w*|\bfp8e[45]\w*")
 ISSUE = "triton-lang/triton#8322"
+DOT_CALL = re.compile(r"\bdot\s*\(")
 
 
 def source_uses_fp8(source: str) -> bool:
@@ -38,6 +53,16 @@ def has_fp8_tensors(args: list) -> bool:
     import torch
 
     return any(isinstance(a, torch.Tensor) and a.is_floating_point() and a.element_size() == 1 for a in args)
+
+
+def source_uses_dot(source: str) -> bool:
+    return DOT_CALL.search(source) is not None
+
+
+def has_bf16_tensors(args: list) -> bool:
+    import torch
+
+    return any(isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 for a in args)
 
 
 @lru_cache(maxsize=1)
@@ -70,9 +95,171 @@ def fp8_fault() -> Optional[str]:
     return None
 
 
-def blame_interpreter(finding: Finding, source_fp8: bool, args: list) -> Finding:
+def _dot_probe_error() -> Optional[float]:
+    """The relative error of a bf16 16x64 @ 64x32 tl.dot under the interpreter (None: it cannot run)."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _dot(a_ptr, b_ptr, c_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr):
+        m, n, k = tl.arange(0, M), tl.arange(0, N), tl.arange(0, K)
+        a = tl.load(a_ptr + m[:, None] * K + k[None, :])
+        b = tl.load(b_ptr + k[:, None] * N + n[None, :])
+        tl.store(c_ptr + m[:, None] * N + n[None, :], tl.dot(a, b))
+
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(16, 64, generator=gen).to(torch.bfloat16)
+    b = torch.randn(64, 32, generator=gen).to(torch.bfloat16)
+    c = torch.empty(16, 32, dtype=torch.float32)
+    try:
+        _dot[(1,)](a, b, c, M=16, N=32, K=64)
+    except Exception:
+        return None
+    ref = a.double() @ b.double()
+    return float((c.double() - ref).norm() / ref.norm())
+
+
+DOT_TOLERANCE = 1e-5  # float32 accumulation of exact bf16 products: ~1e-7 relative
+
+
+@lru_cache(maxsize=1)
+def bf16_dot_fault() -> Optional[str]:
+    """What the installed interpreter gets wrong in a bf16 tl.dot (probed before any repair), or None."""
+    import triton
+
+    err = _dot_probe_error()
+    if err is None or err <= DOT_TOLERANCE:
+        return None
+    return (f"Triton {'.'.join(triton.__version__.split('.')[:2])}'s interpreter multiplies bf16 tl.dot "
+            f"operands as their raw 16-bit patterns (a bf16 16x64 @ 64x32 dot is off by a relative {err:.1e})")
+
+
+@lru_cache(maxsize=1)
+def repair_bf16_dot() -> Optional[str]:
+    """Repairs the interpreter's bf16 tl.dot in this process where the probe finds it wrong; the
+    fault's text when a repair is in place, None when there was nothing to repair. Raises nothing:
+    a repair that does not take is undone and the fault stays for ``blame_interpreter`` to report."""
+    fault = bf16_dot_fault()
+    if fault is None:
+        return None
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    original = builder.create_dot
+
+    def widened(handle):
+        if handle.dtype.scalar == tl.bfloat16:  # stored as uint16 bit patterns: bf16 -> f32 is a shift
+            bits = np.ascontiguousarray(handle.data).view(np.uint16).astype(np.uint32) << 16
+            return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
+        return handle
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return original(self, widened(a), widened(b), d, input_precision, max_num_imprecise_acc)
+
+    builder.create_dot = create_dot
+    err = _dot_probe_error()
+    if err is None or err > DOT_TOLERANCE:
+        builder.create_dot = original
+        return None
+    return fault
+
+
+def _rounding_probe() -> Optional[int]:
+    """How many of 256 float32 values the interpreter's float32 -> bf16 store rounds unlike PyTorch (None:
+    the probe cannot run)."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _round(x_ptr, y_ptr, N: tl.constexpr):
+        offs = tl.arange(0, N)
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs).to(tl.bfloat16))
+
+    x = torch.randn(256, generator=torch.Generator().manual_seed(1))
+    y = torch.empty(256, dtype=torch.bfloat16)
+    try:
+        _round[(1,)](x, y, N=256)
+    except Exception:
+        return None
+    return int((y != x.to(torch.bfloat16)).sum())
+
+
+@lru_cache(maxsize=1)
+def bf16_rounding_fault() -> Optional[str]:
+    """What the installed interpreter gets wrong rounding float32 to bf16 (probed before any repair), or None."""
+    import triton
+
+    wrong = _rounding_probe()
+    if not wrong:
+        return None
+    return (f"Triton {'.'.join(triton.__version__.split('.')[:2])}'s interpreter truncates float32 -> bf16 "
+            f"instead of rounding to nearest even ({wrong} of 256 values differ from PyTorch's)")
+
+
+def _bf16_nearest_even(values):
+    """float32 values -> their bf16 bit patterns (uint16), rounded to nearest, ties to even; NaN stays NaN."""
+    import numpy as np
+
+    f32 = np.ascontiguousarray(values, dtype=np.float32)
+    bits = f32.view(np.uint32).astype(np.uint64)
+    out = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(f32)
+    out[nan] = ((bits[nan] >> 16) | 0x40).astype(np.uint16)
+    return out.reshape(f32.shape)
+
+
+@lru_cache(maxsize=1)
+def repair_bf16_rounding() -> Optional[str]:
+    """Makes the interpreter's default float32 -> bf16 conversion round to nearest even where the probe finds
+    it truncating; the fault's text when the repair is in place, else None (as repair_bf16_dot)."""
+    fault = bf16_rounding_fault()
+    if fault is None:
+        return None
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original = interpreter._convert_float
+    rtne = interpreter._ir.ROUNDING_MODE.RTNE
+
+    def convert(input, input_dtype, output_dtype, rounding_mode):
+        if input_dtype == tl.float32 and output_dtype == tl.bfloat16 and rounding_mode in (None, rtne):
+            return _bf16_nearest_even(input)
+        return original(input, input_dtype, output_dtype, rounding_mode)
+
+    interpreter._convert_float = convert
+    if _rounding_probe() != 0:
+        interpreter._convert_float = original
+        return None
+    return fault
+
+
+def repair_interpreter() -> list[str]:
+    """Every known fault of the installed interpreter that this process repaired (candidate process, judge)."""
+    return [f for f in (repair_bf16_dot(), repair_bf16_rounding()) if f]
+
+
+def dot_fault_left() -> Optional[str]:
+    """The bf16 tl.dot fault where this process could not repair it (the judge's question)."""
+    fault = bf16_dot_fault()
+    return fault if fault is not None and repair_bf16_dot() is None else None
+
+
+def blame_interpreter(finding: Finding, source_fp8: bool, args: list, source_dot: bool = False) -> Finding:
     """A CPU case's INCORRECT finding as UNSUPPORTED where a known interpreter fault explains it."""
-    if finding.status is not Status.INCORRECT or not (source_fp8 or has_fp8_tensors(args)):
+    if finding.status is not Status.INCORRECT:
+        return finding
+    if source_dot and has_bf16_tensors(args):
+        left = dot_fault_left()
+        if left is not None:
+            return finding.model_copy(update={
+                "status": Status.UNSUPPORTED,
+                "reason": f"UNSUPPORTED on CPU: {left}, so this bf16 tl.dot kernel cannot be checked here; "
+                          f"evaluate it on a GPU (the check said: {finding.reason})"})
+    if not (source_fp8 or has_fp8_tensors(args)):
         return finding
     fault = fp8_fault()
     if fault is None:

@@ -184,7 +184,8 @@ def judge(job: Job, chan: Channel) -> None:
                           floor_kind=FloorKind.ESTIMATE)
         result = worst or Finding(status=Status.PASSED)
         if job.device is Device.CPU and result.status is Status.INCORRECT:
-            result = blame_interpreter(result, job.source_fp8, _rebuild(rt, case, samples[0])[0])
+            result = blame_interpreter(result, job.source_fp8, _rebuild(rt, case, samples[0])[0],
+                                       job.source_dot)
         # the failing sample's own errors, where it measured them, over the running maxima
         chan.send(Verdict(case=case.label, **{**agg, **result.model_dump(exclude_none=True)}, **floors))
     chan.send(Done())

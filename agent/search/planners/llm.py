@@ -13,104 +13,52 @@ from typing import Any, Optional, Union
 from optagent.ranking import timings_rank
 from optagent import waits
 from optagent.integrity import ALLOWED_IMPORTS
+from optagent.llm import budget
+from optagent.llm.result_view import num, result_view, trim
 from optagent.llm import feedback as fb
 from optagent.llm.feedback import Rules
 from optagent.llm.edits import EditError, kernel_from_reply
 from optagent.llm.replies import NoKernelError, extract_idea
-from optagent.llm.profile_view import profile_rows
 from optagent.llm.prompts import render
 from optagent.search.planners.memory_view import memory_view
 from optagent.protocols import LLM
 from optagent.runs.view import Attempt, PlannerContext
-from optagent.schema import EvalResult, Language, PlannerKind, Proposal, StepOutcome, Usage
+from optagent.schema import Language, PlannerKind, Proposal, StepOutcome, Usage
 
 RECENT_ATTEMPTS = 5  # attempts shown in detail; older ones only in the ledger
 LEDGER_MAX = 60
-_ERROR_LINES, _ERROR_CHARS = 40, 3000
-_LOG_LINES = 30
 NO_IDEA = "(the reply states no idea)"
 
 # ---------------------------------------------------------------- the context, ready to render
 
 
-def trim(text: Optional[str], max_lines: int = _ERROR_LINES, max_chars: int = _ERROR_CHARS) -> str:
-    """Head and tail of a long error: the first lines name the error, the last the failing frame."""
-    if not text:
-        return ""
-    lines = text.strip("\n").split("\n")
-    if len(lines) > max_lines:
-        head, tail = max_lines // 3, max_lines - max_lines // 3
-        lines = lines[:head] + [f"... ({len(lines) - head - tail} lines cut) ..."] + lines[-tail:]
-    out = "\n".join(lines)
-    if len(out) > max_chars:
-        half = max_chars // 2
-        out = out[:half] + f"\n... ({len(out) - 2 * half} characters cut) ...\n" + out[-half:]
-    return out
-
-
-def _num(value: Optional[float], fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
-
-
-def _case_rows(result: EvalResult) -> list[dict[str, str]]:
-    return [
-        {
-            "case": c.case,
-            "sizes": c.sizes or "-",
-            "status": c.status.value,
-            "time_us": _num(c.time_us, ".2f"),
-            "baseline_us": _num(c.baseline_us, ".2f"),
-            "speedup": _num(c.speedup, ".3f"),
-            "floor_pct": _num(c.pct_of_floor, ".1f"),
-            "bound": c.bound or "-",
-            "tolerance": _num(c.tolerance, ".1e"),
-        }
-        for c in result.cases
-    ]
-
-
-def _result_view(result: Optional[EvalResult], source: Optional[str] = None,
-                 hidden_failed: int = 0) -> Optional[dict[str, Any]]:
-    if result is None:
-        return None
-    log_tail = trim(result.log_tail, _LOG_LINES) if result.log_tail else ""
-    reason = trim(result.reason)
-    return {
-        "status": result.status.value,
-        "reason": reason,
-        "log_tail": "" if log_tail and log_tail in reason else log_tail,
-        "geomean": _num(result.geomean_speedup, ".3f"),
-        "device_name": result.device_name or result.device,
-        "baseline_label": result.baseline_label or "the package's baseline",
-        "rows": _case_rows(result),
-        "groups": fb.failing_groups(result),
-        "kernels": fb.kernel_lines(result),
-        "profile": profile_rows(result),
-        "error_at": fb.error_at(result, source),
-        "hidden_failed": hidden_failed,
-    }
-
-
 def _effect(a: Attempt) -> str:
+    """What an attempt came to, beside its outcome: '' where the outcome says it all (PASSED on the CPU,
+    where an interpreter's speedup would read as a result)."""
     if a.result is None:
         return "no kernel" if a.outcome == StepOutcome.NO_KERNEL.value else (a.error or "-").split("\n")[0][:80]
-    if a.result.status.ok:  # an interpreter's speedup would read as a result: on the CPU none is shown
-        return "passed" if not timings_rank(results=[a.result]) else f"{_num(a.result.geomean_speedup, '.3f')}x geomean"
+    if a.result.status.ok:
+        return "" if not timings_rank(results=[a.result]) else f"{num(a.result.geomean_speedup, '.3f')}x geomean"
     return a.result.status.value
 
 
-def _attempt_view(a: Attempt, attempts: list[Attempt], starter: str) -> dict[str, Any]:
+def _attempt_view(a: Attempt, attempts: list[Attempt], starter: str, same_as: Optional[int] = None
+                  ) -> dict[str, Any]:
     # A failed edit's full message (with nearest lines) goes in the feedback section; one line here.
     error = (a.error or "").split("\n")[0] if a.outcome == StepOutcome.NO_KERNEL.value else trim(a.error)
-    failed = a.result is not None and not a.result.status.ok
-    parent = fb.parent_source(attempts, a.index, starter) if failed else None
+    failed = budget.failed(a) and same_as is None
+    shown = budget.change(budget.parent_source(a, attempts, starter), a.source) if failed else budget.change(None, None)
+    if same_as or (a.result is not None and fb.failing_groups(a.result)):  # the groups below say it, per case
+        error = ""
     return {"index": a.index, "idea": a.idea, "outcome": a.outcome, "error": error,
-            "effect": _effect(a), "result": _result_view(a.result, a.source, a.hidden_failed),
-            "diff": fb.diff(parent, a.source) if failed else "", "retime_note": a.retime_note or ""}
+            "effect": _effect(a), "result": result_view(a.result, a.source, a.hidden_failed),
+            "same_as": same_as, "summary": budget.summary_line(a) if same_as else None,
+            "diff": shown["diff"], "rewritten": shown["rewritten"], "retime_note": a.retime_note or ""}
 
 
 def _ledger_row(a: Attempt) -> dict[str, Any]:
-    return {"index": a.index, "idea": a.idea, "outcome": a.outcome, "effect": _effect(a)}
+    return {"index": a.index, "idea": a.idea, "outcome": a.outcome, "effect": _effect(a),
+            "parent": "-" if a.parent is None else a.parent}
 
 
 def _tree_view(ctx: PlannerContext) -> dict[str, Any]:
@@ -120,7 +68,7 @@ def _tree_view(ctx: PlannerContext) -> dict[str, Any]:
         "parent": ctx.parent_step,
         "on_incumbent": ctx.parent_step is None or ctx.parent_step == ctx.incumbent_step,
         "incumbent_step": ctx.incumbent_step,
-        "incumbent_geomean": _num(incumbent.geomean_speedup if incumbent else None, ".3f"),
+        "incumbent_geomean": num(incumbent.geomean_speedup if incumbent else None, ".3f"),
         "lineage": [{"index": a.index, "idea": a.idea, "effect": _effect(a)} for a in ctx.lineage
                     if a.outcome != StepOutcome.BASELINE.value],
         "siblings": [{"index": a.index, "idea": a.idea, "outcome": a.outcome, "effect": _effect(a)}
@@ -136,9 +84,13 @@ def on_cpu(ctx: PlannerContext) -> bool:
 
 
 def prompt_vars(ctx: PlannerContext, feedback: str = "", whole_file: bool = False,
-                edit_failures: int = 0, rules: Optional[Rules] = None) -> dict[str, Any]:
+                edit_failures: int = 0, rules: Optional[Rules] = None,
+                hand_in: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """The templates' variables; ``hand_in`` ({"run_id": ...}) for an outside agent in step mode, who
+    hands replies in as files rather than answering a request."""
     tried = [a for a in ctx.attempts if a.outcome != StepOutcome.BASELINE.value]
-    recent = [_attempt_view(a, ctx.attempts, ctx.starter_source) for a in tried[-RECENT_ATTEMPTS:]]
+    recent = [_attempt_view(a, ctx.attempts, ctx.starter_source, same)
+              for a, same in budget.detailed(tried, ctx.attempts, RECENT_ATTEMPTS)]
     rules = rules or Rules()
     return {
         "task_name": ctx.task_name,
@@ -149,7 +101,7 @@ def prompt_vars(ctx: PlannerContext, feedback: str = "", whole_file: bool = Fals
         "fence": ctx.language.fence,
         "best_source": ctx.best_source.rstrip("\n"),
         "best_is_starter": ctx.best_source.strip() == ctx.starter_source.strip(),
-        "best": _result_view(ctx.best_result),
+        "best": result_view(ctx.best_result),
         "gpu": ctx.gpu,
         "step_index": ctx.step_index,
         "ledger": [_ledger_row(a) for a in tried[-LEDGER_MAX:]],
@@ -165,14 +117,17 @@ def prompt_vars(ctx: PlannerContext, feedback: str = "", whole_file: bool = Fals
         "memory": memory_view(ctx.memory),
         "tree": _tree_view(ctx),
         "on_cpu": on_cpu(ctx),
+        "hand_in": hand_in,
         # the static scan's rule, told before a rejection costs a step (a model met it only after one)
         "allowed_imports": sorted(ALLOWED_IMPORTS - {"__future__"}) if ctx.language is not Language.CUDA else [],
+        "scan": fb.scan_rules(ctx.language),
     }
 
 
 def build_messages(ctx: PlannerContext, feedback: str = "", whole_file: bool = False,
-                   edit_failures: int = 0, rules: Optional[Rules] = None) -> list[dict]:
-    variables = prompt_vars(ctx, feedback, whole_file, edit_failures, rules)
+                   edit_failures: int = 0, rules: Optional[Rules] = None,
+                   hand_in: Optional[dict[str, Any]] = None) -> list[dict]:
+    variables = prompt_vars(ctx, feedback, whole_file, edit_failures, rules, hand_in)
     return [
         {"role": "system", "content": render("system", **variables)},
         {"role": "user", "content": render("propose", **variables)},
