@@ -102,6 +102,16 @@ class TaskPackage:
         return list(dict.fromkeys(lang for lang in ordered if lang in have))
 
     @property
+    def arg_names(self) -> list[str]:
+        """run_kernel's parameter names in the contract (Python's first, else CUDA's); [] when none parses."""
+        texts = sorted(self.contracts.items(), key=lambda kv: kv[0] is not Language.TRITON)
+        for _, text in texts:
+            names = signature_names(text)
+            if names:
+                return names
+        return []
+
+    @property
     def hooks_path(self) -> Optional[Path]:
         """The hooks module (optagent.toml task.hooks), loaded only in workers."""
         return self.root / self.manifest.hooks if self.manifest and self.manifest.hooks else None
@@ -130,6 +140,25 @@ class TaskPackage:
 
 FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*\n?(.*)\Z", re.S)
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```", re.S | re.M)
+
+
+def signature_names(text: str) -> list[str]:
+    """The parameter names of the first run_kernel signature in a contract (Python or C)."""
+    m = re.search(r"run_kernel\s*\(", text)
+    if not m:
+        return []
+    depth, end = 1, m.end()
+    while end < len(text) and depth:
+        depth += {"(": 1, ")": -1}.get(text[end], 0)
+        end += 1
+    body = re.sub(r"/\*.*?\*/|//[^\n]*|#[^\n]*", "", text[m.end():end - 1], flags=re.S)
+    names = []
+    for part in (p.strip() for p in body.split(",")):
+        part = re.sub(r"\[[^\]]*\]", "", part.split("=")[0].split(":")[0])  # defaults, annotations, C arrays
+        words = re.findall(r"[A-Za-z_]\w*", part)
+        if words:
+            names.append(words[-1])
+    return names
 
 
 def _front_matter(path: Path) -> Doc:
