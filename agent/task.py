@@ -18,6 +18,7 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from optagent.contract import signature_names
 from optagent.schema import Language
 
 try:
@@ -140,25 +141,6 @@ class TaskPackage:
 
 FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*\n?(.*)\Z", re.S)
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```", re.S | re.M)
-
-
-def signature_names(text: str) -> list[str]:
-    """The parameter names of the first run_kernel signature in a contract (Python or C)."""
-    m = re.search(r"run_kernel\s*\(", text)
-    if not m:
-        return []
-    depth, end = 1, m.end()
-    while end < len(text) and depth:
-        depth += {"(": 1, ")": -1}.get(text[end], 0)
-        end += 1
-    body = re.sub(r"/\*.*?\*/|//[^\n]*|#[^\n]*", "", text[m.end():end - 1], flags=re.S)
-    names = []
-    for part in (p.strip() for p in body.split(",")):
-        part = re.sub(r"\[[^\]]*\]", "", part.split("=")[0].split(":")[0])  # defaults, annotations, C arrays
-        words = re.findall(r"[A-Za-z_]\w*", part)
-        if words:
-            names.append(words[-1])
-    return names
 
 
 def _front_matter(path: Path) -> Doc:

@@ -177,3 +177,14 @@ def test_cpu_run_on_a_manifest_less_package(tmp_path, capsys):
     assert any("whole row per tile: BLOCK" in s["idea"] and s["outcome"] == "PASSED" for s in rows), rows
     config = json.loads((run / "config.json").read_text())
     assert config["language"] == "triton"
+
+
+def test_the_knobs_of_the_kernel_that_does_the_work_come_first():
+    """run_kernel launches a zero-fill and the router: the router's knobs are tried before the zero-fill's."""
+    from optagent.search.generic import kernel_work
+
+    src = (PACKAGES / "moe_router" / "starter" / "naive-Triton.txt").read_text()
+    assert kernel_work(src, "router_kernel") > 10 * kernel_work(src, "zero_kernel") > 0
+    ideas = [idea for _, idea, _ in generic_candidates(src, Language.TRITON)]
+    assert ideas[0] == "knob num_warps#2: 1 -> 2"  # router_kernel's launch
+    assert ideas.index("knob num_warps#2: 1 -> 2") < ideas.index("knob BLOCK: 32 -> 64")

@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from optagent.worker.harness import clone_args, poison, run_baseline, same_bits
+from optagent.worker.args import clone_args, poison, run_baseline, same_bits
 
 
 @dataclass(frozen=True)

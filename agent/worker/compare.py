@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from optagent.worker.arg_roles import ArgRoles, still_poisoned, touched
-from optagent.worker.harness import clone_args, run_baseline
+from optagent.worker.args import clone_args, run_baseline
 
 
 def marker(t: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from optagent.worker.arg_roles import ArgRoles, touched
-from optagent.worker.harness import clone_args, run_baseline
+from optagent.worker.args import clone_args, run_baseline
 
 GROUPS = 16  # row groups probed in a large read-only input
 LARGE = 4  # a read-only input this many times the written bytes is probed, not counted whole

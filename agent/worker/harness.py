@@ -23,6 +23,8 @@ import torch
 from optagent.messages import CaseSpec
 from optagent.schema import CaseKind
 from optagent.task import REQUIRED_FUNCTIONS, Manifest, load_task
+from optagent.worker.arg_roles import ArgRoles, detect_roles
+from optagent.worker.args import clone_args, copy_args, poison, run_baseline, same_bits  # noqa: F401 (their home before)
 from optagent.worker.hooks import Hooks
 
 COMPAT_DIR = Path(__file__).resolve().parent / "compat"
@@ -67,7 +69,7 @@ class TaskRuntime:
                 "(did an import inside the module fail?)")
         self.hooks: Optional[Hooks] = None
         self._generated: Optional[tuple] = None  # (case key, args, sizes) of the last case generated
-        self._roles = None  # ArgRoles, once learnt
+        self._roles: Optional[ArgRoles] = None  # once learnt
         if self.manifest and self.task.hooks_path:
             self.hooks = Hooks.load(self.task.hooks_path, self.manifest)
 
@@ -143,11 +145,9 @@ class TaskRuntime:
             return list(gen(sizes, self.device))
         return [a.to(self.device) if isinstance(a, torch.Tensor) else a for a in gen(sizes)]
 
-    def roles(self, args: list):
+    def roles(self, args: list) -> ArgRoles:
         """The arguments' roles (pure outputs, in/out, read-only), learnt from the baseline once."""
         if self._roles is None:
-            from optagent.worker.arg_roles import detect_roles  # it runs the baseline with this module's helpers
-
             declared = list(self.manifest.outputs) if self.manifest and self.manifest.outputs is not None else None
             self._roles = detect_roles(self.config, args, self.task.arg_names, declared)
         return self._roles
@@ -227,19 +227,6 @@ def refresh_floats(args: list, seed: int, bases: dict[int, torch.Tensor]) -> Non
         args[i].copy_(moved(base, seed * 1000 + i))
 
 
-def clone_args(args: list) -> list:
-    return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-
-
-def copy_args(args: list) -> list:
-    """clone_args that keeps a tensor passed twice one tensor (in-place updates reach both)."""
-    copies: dict[int, torch.Tensor] = {}
-    for a in args:
-        if isinstance(a, torch.Tensor) and id(a) not in copies:
-            copies[id(a)] = a.clone()
-    return [copies.get(id(a), a) if isinstance(a, torch.Tensor) else a for a in args]
-
-
 CHECKSUM_CHUNK = 1 << 24  # elements per pass: a multi-GiB KV cache needs no int64 copy of itself
 
 
@@ -261,31 +248,3 @@ def checksum(t: torch.Tensor) -> str:
     return f"{tuple(t.shape)}:{t.dtype}:{plain}:{weighted % (1 << 64)}"
 
 
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bitwise equality (NaN == NaN here, unlike torch.equal)."""
-    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
-
-
-def run_baseline(config, args: list) -> list:
-    """The package's baseline on args, its outputs written into args.
-
-    The contest's baselines write in place and return the list; one that returns
-    new tensors instead has them copied into the arguments they replace.
-    """
-    with redirect_stdout(io.StringIO()):
-        ret = config.baseline(*args)
-    if isinstance(ret, (list, tuple)) and len(ret) == len(args):
-        for a, r in zip(args, ret):
-            if isinstance(a, torch.Tensor) and isinstance(r, torch.Tensor) and r is not a and r.shape == a.shape:
-                a.copy_(r)
-    return args
-
-
-def poison(t: torch.Tensor) -> None:
-    """Fill an output with values no correct kernel leaves behind."""
-    if t.is_floating_point():
-        t.fill_(float("nan"))
-    elif t.dtype == torch.bool:
-        t.fill_(True)
-    else:
-        t.fill_(torch.iinfo(t.dtype).min)

@@ -22,7 +22,7 @@ from optagent.llm.prompts import render
 from optagent.search.planners.memory_view import memory_view
 from optagent.protocols import LLM
 from optagent.runs.view import Attempt, PlannerContext
-from optagent.schema import EvalResult, Language, PlannerKind, Proposal, StepOutcome, Usage
+from optagent.schema import EvalResult, FloorKind, Language, PlannerKind, Proposal, StepOutcome, Usage
 
 RECENT_ATTEMPTS = 5  # attempts shown in detail; older ones only in the ledger
 LEDGER_MAX = 60
@@ -61,7 +61,9 @@ def _case_rows(result: EvalResult) -> list[dict[str, str]]:
             "time_us": _num(c.time_us, ".2f"),
             "baseline_us": _num(c.baseline_us, ".2f"),
             "speedup": _num(c.speedup, ".3f"),
-            "floor_pct": _num(c.pct_of_floor, ".1f"),
+            # an estimated floor (no bytes_moved hook) is marked as one, as in the CLI
+            "floor_pct": (f"~{c.pct_of_floor:.0f} est." if c.floor_kind is FloorKind.ESTIMATE and c.pct_of_floor
+                          else _num(c.pct_of_floor, ".1f")),
             "bound": c.bound or "-",
             "tolerance": _num(c.tolerance, ".1e"),
         }
@@ -83,6 +85,7 @@ def _result_view(result: Optional[EvalResult], source: Optional[str] = None,
         "device_name": result.device_name or result.device,
         "baseline_label": result.baseline_label or "the package's baseline",
         "rows": _case_rows(result),
+        "floor_estimated": any(c.floor_kind is FloorKind.ESTIMATE and c.pct_of_floor for c in result.cases),
         "groups": fb.failing_groups(result),
         "kernels": fb.kernel_lines(result),
         "profile": profile_rows(result),
