@@ -115,8 +115,8 @@ def _verdict(rt: TaskRuntime, case: CaseSpec, sample: Sample, check_inputs: bool
             tol = max(manifest.min_tolerance, manifest.tolerance_factor * rel_err(low.to(ref.device), ref))
             found["tolerance"] = tol
             if err > tol:
-                return Finding(**found, status=Status.INCORRECT, reason=f"{roles.label(i)}: relative error "
-                               f"{err:.2e} exceeds {tol:.2e} ({where}; tolerance = {manifest.tolerance_factor:g} x a "
+                return Finding(**found, status=Status.INCORRECT, reason=f"relative error {err:.2e} exceeds "
+                               f"{tol:.2e} in {roles.label(i)} ({where}; tolerance = {manifest.tolerance_factor:g} x a "
                                "same-dtype PyTorch computation)")
     if mismatches and case.kind is not CaseKind.CONTEST:  # no check() to state another rule: exact
         return Finding(**found, status=Status.INCORRECT, reason=mismatches[0])
