@@ -70,7 +70,8 @@ def written_problem(roles: ArgRoles, i: int, out: torch.Tensor, ref: torch.Tenso
     else:
         return None
     if bool(bad.any()):
-        return f"{what}: {int(bad.sum())} of {out.numel()} elements {kind} ({where}, first at flat index {first_index(bad)})"
+        return (f"{int(bad.sum())} of {out.numel()} output elements {kind} in {what} ({where}, first at flat index "
+                f"{first_index(bad)})")
     return None
 
 
