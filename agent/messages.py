@@ -228,6 +228,7 @@ class Probed(Message):
     type: Literal["probe"] = "probe"
     cases: list[ProbedCase]
     outputs: list[int]
+    inouts: list[int] = Field(default_factory=list)  # written in place (worker/arg_roles.py)
     baseline_label: str
     probed_case: int
     extra: list[ProbedExtra] = Field(default_factory=list)

@@ -18,6 +18,7 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from optagent.contract import signature_names
 from optagent.schema import Language
 
 try:
@@ -100,6 +101,16 @@ class TaskPackage:
         have = {s.language for s in self.starters}
         ordered = list(self.contracts) + [s.language for s in self.starters]
         return list(dict.fromkeys(lang for lang in ordered if lang in have))
+
+    @property
+    def arg_names(self) -> list[str]:
+        """run_kernel's parameter names in the contract (Python's first, else CUDA's); [] when none parses."""
+        texts = sorted(self.contracts.items(), key=lambda kv: kv[0] is not Language.TRITON)
+        for _, text in texts:
+            names = signature_names(text)
+            if names:
+                return names
+        return []
 
     @property
     def hooks_path(self) -> Optional[Path]:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 23: optagent on packages it has never seen. For each package (default: the three under
-# tests/fixtures/packages, manifest-less, naive Triton and CUDA starters), an offline `optagent run PKG`
+# Issue 23: optagent on packages it has never seen. For each package (default: those under
+# tests/fixtures/packages, manifest-less, naive Triton starters and some CUDA ones), an offline `optagent run PKG`
 # with no options (every starter timed, the fastest searched), and with LANGS="triton cuda" one run per language,
 # each under UNSEEN_LIMIT seconds (default 480: the issue's 8 minutes). Prints per run: the language,
 # the starter's and the best geomean time, the speedup, % of the estimated floor, candidates, wall time.

@@ -109,13 +109,24 @@ def test_a_transformation_that_does_not_fit_yields_nothing():
     assert list(cuda_restrict("int main() { return 0; }")) == []
 
 
+class _Norm:
+    """A package's config whose baseline writes one fresh output from two inputs."""
+
+    @staticmethod
+    def baseline(x, w, out, n, m):
+        out.copy_((x * w).to(out.dtype))
+        return [x, w, out, n, m]
+
+
 def test_estimated_floor_counts_every_tensor_once():
     torch = pytest.importorskip("torch")
-    from optagent.worker.judge import estimated_bytes
+    from optagent.worker.arg_roles import detect_roles
+    from optagent.worker.floor_estimate import estimated_bytes
 
-    x, w, out = torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(8), torch.zeros(4, 8, dtype=torch.int8)
-    assert estimated_bytes([x, w, out, 4, 8]) == 4 * 8 * 2 + 8 * 4 + 4 * 8
-    assert estimated_bytes([x, x, 3]) == 64  # an argument passed twice is one tensor
+    x, w, out = torch.ones(4, 8, dtype=torch.bfloat16), torch.ones(8), torch.zeros(4, 8, dtype=torch.int8)
+    roles = detect_roles(_Norm, [x, w, out, 4, 8], ["x", "w", "out", "n", "m"])
+    assert estimated_bytes(_Norm, [x, w, out, 4, 8], roles) == 4 * 8 * 2 + 8 * 4 + 4 * 8
+    assert estimated_bytes(_Norm, [x, x, out, 4, 8], roles) == 64 + 32  # an argument passed twice is one tensor
 
 
 def test_offline_planner_tries_the_launch_tile_when_the_whole_row_loses():
@@ -144,8 +155,9 @@ def test_transformed_starter_passes_a_cpu_eval(tmp_path, capsys):
     rc = main(["eval", str(PACKAGES / "softmax"), str(src), "--device", "cpu", "--json", "--quiet"])
     result = json.loads(capsys.readouterr().out)
     assert rc == 0 and result["status"] == "PASSED"
-    (case,) = result["cases"]
-    assert case["case"] == "smoke-1" and case["sizes"].startswith("8x4096")  # 4096x4096 cut to 8 rows
+    # a smoke case from each kind of contest case (each row length), the smallest first
+    assert [c["case"] for c in result["cases"]] == ["smoke-1", "smoke-2", "smoke-3", "smoke-4"]
+    assert result["cases"][0]["sizes"].startswith("2x4096")  # 4096x4096 cut to 2 rows: a quarter of the elements each
 
 
 def test_cpu_run_on_a_manifest_less_package(tmp_path, capsys):
@@ -165,3 +177,14 @@ def test_cpu_run_on_a_manifest_less_package(tmp_path, capsys):
     assert any("whole row per tile: BLOCK" in s["idea"] and s["outcome"] == "PASSED" for s in rows), rows
     config = json.loads((run / "config.json").read_text())
     assert config["language"] == "triton"
+
+
+def test_the_knobs_of_the_kernel_that_does_the_work_come_first():
+    """run_kernel launches a zero-fill and the router: the router's knobs are tried before the zero-fill's."""
+    from optagent.search.generic import kernel_work
+
+    src = (PACKAGES / "moe_router" / "starter" / "naive-Triton.txt").read_text()
+    assert kernel_work(src, "router_kernel") > 10 * kernel_work(src, "zero_kernel") > 0
+    ideas = [idea for _, idea, _ in generic_candidates(src, Language.TRITON)]
+    assert ideas[0] == "knob num_warps#2: 1 -> 2"  # router_kernel's launch
+    assert ideas.index("knob num_warps#2: 1 -> 2") < ideas.index("knob BLOCK: 32 -> 64")

@@ -63,12 +63,12 @@ def cmd_task_validate(a) -> int:
     if a.json:
         print_json({"task": task.name, "dir": str(task.root), "title": task.title,
                     "languages": [lang.value for lang in task.languages], "cases": len(found.cases),
-                    "outputs": found.outputs, "smoke": len(task.manifest.smoke) if task.manifest else 0,
+                    "outputs": found.outputs, "inouts": found.inouts, "smoke": len(task.manifest.smoke) if task.manifest else 0,
                     "hidden": len(task.manifest.hidden) if task.manifest else 0,
                     "baseline_label": found.baseline_label})
     langs = ", ".join(lang.value for lang in task.languages) or "none"
     con.print(f"[green]ok[/] {task.root}: {task.title!r}, {len(found.cases)} cases, languages {langs}, "
-              f"outputs {found.outputs}, {len(task.manifest.smoke) if task.manifest else 0} smoke / "
+              f"outputs {found.outputs}{f', in/out {found.inouts}' if found.inouts else ''}, {len(task.manifest.smoke) if task.manifest else 0} smoke / "
               f"{len(task.manifest.hidden) if task.manifest else 0} hidden cases; baseline: {found.baseline_label}")
     return 0
 

@@ -32,15 +32,17 @@ from optagent.evaluation.safe_files import open_samples
 from optagent.evaluation.sandbox import WorkerRun, keep_scratch, new_scratch, remove_scratch, run_worker, scratch_fd
 from optagent.evaluation.verdict import assemble, timed_by_timer
 from optagent.text import plain_tree
-from optagent.messages import Baseline, CaseSpec, Done, Job, Probed, TimingSpec, WorkerError
+from optagent.messages import Baseline, CaseSpec, Done, Job, Probed, ProbedCase, TimingSpec, WorkerError
 from optagent.progress import Phase, PipeRelay, Progress, ProgressSink
 from optagent.schema import CaseKind, Device, EvalResult, Isolation, Language, Status, TimerKind
 from optagent.task import TaskError, TaskPackage
 
 TIMEOUT_S = 300.0  # seconds per worker process, unless --timeout says otherwise
-# A CPU smoke case derived from a package without [[smoke]]: its smallest contest case, rows cut to
-# this many elements (Triton's interpreter runs a program at a time).
+# CPU smoke cases derived from a package without [[smoke]]: the smallest contest case of each kind
+# (its shapes past the leading dimension: each inner size, each head ratio), rows cut to this many
+# elements in all (Triton's interpreter runs a program at a time), at most DERIVED_KINDS of them.
 SMOKE_ELEMENTS = 32768
+DERIVED_KINDS = 4
 class CaseListError(ValueError):
     """A --cases value that names no valid case; the message is one line."""
 
@@ -62,16 +64,29 @@ def parse_case_list(text: str, n: int) -> list[int]:
     return sorted(set(out))
 
 
+def derived_smoke(probed: Probed) -> list[int]:
+    """The contest cases a CPU run's smoke cases are cut from: the smallest of each kind of case (the shapes
+    past their leading dimension), the kinds of the most elements first when there are more than
+    DERIVED_KINDS (those hold the larger inner sizes); the smallest case's kind always."""
+    kinds: dict[str, list[ProbedCase]] = {}
+    for row in sorted(probed.cases, key=lambda r: (r.elements, r.index)):
+        kinds.setdefault(repr([s[1:] for s in row.sizes]), []).append(row)
+    first, *rest = sorted(kinds.values(), key=lambda rows: (rows[0].elements, rows[0].index))
+    rest.sort(key=lambda rows: -rows[-1].elements)
+    return sorted(rows[0].index for rows in [first, *rest[:DERIVED_KINDS - 1]])
+
+
 def select_cases(task: TaskPackage, device: Device, num_cases: int, cases: Optional[str],
-                 hidden: bool = True, smallest: Optional[int] = None) -> list[CaseSpec]:
-    """smallest: the contest case with the fewest elements, a CPU run's smoke case when the manifest has none."""
+                 hidden: bool = True, smallest: Optional[list[int]] = None) -> list[CaseSpec]:
+    """smallest: the contest cases a CPU run's smoke cases are cut from when the manifest has none."""
     m = task.manifest
     if cases:
         chosen = [CaseSpec(label=str(i), kind=CaseKind.CONTEST, index=i) for i in parse_case_list(cases, num_cases)]
     elif device == Device.CPU:
         if (not m or not m.smoke) and smallest is not None:
-            chosen = [CaseSpec(label=f"smoke-{smallest}", kind=CaseKind.CONTEST, index=smallest,
-                               max_elements=SMOKE_ELEMENTS)]
+            each = SMOKE_ELEMENTS // len(smallest)  # the interpreter's work as for a single derived case
+            chosen = [CaseSpec(label=f"smoke-{i}", kind=CaseKind.CONTEST, index=i, max_elements=each)
+                      for i in smallest]
         elif not m or not m.smoke:
             raise TaskError(task.root, "no smoke cases for a CPU run: add [[smoke]] to optagent.toml or pass --cases")
         else:
@@ -88,7 +103,7 @@ def choose_cases(task: TaskPackage, device: Device, cases: Optional[str], hidden
     derive = device == Device.CPU and not cases and not (task.manifest and task.manifest.smoke)
     probed = probe_task(task, cached=True) if (cases or device == Device.CUDA or derive) else None
     n = len(probed.cases) if probed else 0
-    return select_cases(task, device, n, cases, hidden, smallest=probed.probed_case if derive and probed else None)
+    return select_cases(task, device, n, cases, hidden, smallest=derived_smoke(probed) if derive and probed else None)
 
 
 class SandboxEvaluator:

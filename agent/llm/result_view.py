@@ -8,7 +8,7 @@ from typing import Any, Optional
 from optagent.llm import feedback as fb
 from optagent.llm.profile_view import profile_rows
 from optagent.ranking import timings_rank
-from optagent.schema import EvalResult, Status
+from optagent.schema import EvalResult, FloorKind, Status
 
 _ERROR_LINES, _ERROR_CHARS = 40, 3000
 _LOG_LINES = 30
@@ -43,7 +43,9 @@ def case_rows(result: EvalResult) -> list[dict[str, str]]:
             "time_us": num(c.time_us, ".2f"),
             "baseline_us": num(c.baseline_us, ".2f"),
             "speedup": num(c.speedup, ".3f"),
-            "floor_pct": num(c.pct_of_floor, ".1f"),
+            # an estimated floor (no bytes_moved hook) is marked as one, as in the CLI
+            "floor_pct": (f"~{c.pct_of_floor:.0f} est." if c.floor_kind is FloorKind.ESTIMATE and c.pct_of_floor
+                          else num(c.pct_of_floor, ".1f")),
             "bound": c.bound or "-",
             "tolerance": num(c.tolerance, ".1e"),
             "rel_err": num(c.rel_err, ".1e"),
@@ -76,6 +78,7 @@ def result_view(result: Optional[EvalResult], source: Optional[str] = None,
         "device_name": result.device_name or result.device,
         "baseline_label": result.baseline_label or "the package's baseline",
         "rows": case_rows(result),
+        "floor_estimated": any(c.floor_kind is FloorKind.ESTIMATE and c.pct_of_floor for c in result.cases),
         "columns": columns(case_rows(result), not timings_rank(results=[result])),
         "groups": fb.failing_groups(result),
         "kernels": fb.kernel_lines(result),

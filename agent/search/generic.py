@@ -4,12 +4,15 @@ then joint moves of the knobs of one launch, then a pattern search over every kn
 The pattern search tries, per knob, the next value up and the next down from the best kernel's
 value; the best kernel moves when one wins, so a knob walks as far as it keeps gaining, and a
 direction ends at the first value that does not win (the planner skips what was tried). Knobs are
-taken in the order of how much they usually matter: tiles and threads, then warps, then the rest.
+taken in the order of how much they usually matter: those of the launch of the kernel that does the
+most work first (where run_kernel launches several: a zero-fill beside the real kernel is not worth
+the first candidates), then tiles and threads, then warps, then the rest.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+import re
+from typing import Iterator, Optional
 
 from optagent.schema import Language
 from optagent.search.knobs import Knob, find_all_knobs, set_knobs
@@ -27,6 +30,30 @@ def _rank(k: Knob) -> int:
     if n.startswith("GRID@"):
         return 2
     return 3
+
+
+WORK = re.compile(r"\b(tl\.load|tl\.store|tl\.dot|tl\.atomic_\w+|for|while|tl\.sum|tl\.max|tl\.min|"
+                  r"__syncthreads|__shfl\w*)\b|\[[^\]=]*\]\s*=[^=]")
+
+
+def kernel_work(source: str, name: str) -> int:
+    """A static measure of the work the kernel `name` does per program: its loads, stores, reductions
+    and loops, a loop counting as much as what it holds again. A guess from the text, where no GPU
+    timing of each launch is at hand: a two-line zero-fill weighs less than the kernel beside it."""
+    m = re.search(rf"(?:def|__global__[^(]*?)\s{re.escape(name)}\s*[(<]", source)
+    if not m:
+        return 0
+    rest = source[m.end():]
+    nxt = re.search(r"^(?:@triton|def |__global__|extern|template)", rest, re.M)
+    body = rest[:nxt.start()] if nxt else rest
+    loops = len(re.findall(r"\b(for|while)\b", body))
+    return len(WORK.findall(body)) * (1 + loops)
+
+
+def _by_work(best: str, knobs: list[Knob]) -> dict[Optional[str], int]:
+    """Each launch's kernel_work; a knob of no launch (a module constant) counts as the heaviest's."""
+    work = {k.group: kernel_work(best, k.group.split("@", 1)[-1]) for k in knobs if k.group}
+    return {**work, None: max(work.values(), default=0)}
 
 
 def _step(k: Knob, direction: int) -> int | None:
@@ -74,5 +101,10 @@ def generic_candidates(best: str, language: Language) -> Iterator[Candidate]:
     for source, idea in transforms(best, cuda):
         yield source, f"transform: {idea}", {"transform": idea.split(":")[0]}
     knobs = find_all_knobs(best)
-    yield from joint_moves(best, knobs)
-    yield from pattern_moves(best, knobs)
+    work = _by_work(best, knobs)
+    heavy = max(work.values(), default=0)
+    first = [k for k in knobs if work[k.group] >= heavy]  # the launches of the kernel that does the most work
+    rest = [k for k in knobs if work[k.group] < heavy]
+    for part in (first, rest):
+        yield from joint_moves(best, part)
+        yield from pattern_moves(best, part)

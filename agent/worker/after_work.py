@@ -1,8 +1,8 @@
 """The harness's work between two timed calls, the same for a candidate's loops and the baseline's.
 
 After every timed call the timer calls ``AfterWork`` (outside the timed window): it keeps that
-call's outputs if the judge may check them, poisons the outputs and redraws the inputs, so no
-call reuses an answer. The native timer times this interval too (GPU work included). The
+call's outputs if the judge may check them, poisons the outputs, puts back the in/out tensors'
+contents (worker/arg_roles.py) and redraws the inputs, so no call reuses an answer. The native timer times this interval too (GPU work included). The
 baseline's loop runs the same work, before any candidate code exists in the process (or in the
 baseline job), so its interval is the reference the parent holds a candidate's against: a
 candidate that rebinds the harness's helpers to do part of its work here is seen by that
@@ -15,13 +15,15 @@ from typing import Optional
 
 import torch
 
-from optagent.worker.harness import float_scales, poison, refresh_floats
+from optagent.worker.harness import float_bases, poison, refresh_floats
 
 
 class AfterWork:
-    def __init__(self, sets: list[list], outs: list[int]):
-        self.sets, self.outs = sets, outs
-        self.scales = [float_scales(a, set(outs)) for a in sets]  # of the base inputs, as the judge computes them
+    def __init__(self, sets: list[list], outs: list[int], inouts: tuple[int, ...] = ()):
+        self.sets, self.poisoned, self.inouts = sets, list(outs), list(inouts)
+        self.outs = sorted(self.poisoned + self.inouts)  # what each call's outputs are, saved for the judge
+        self.scales = [float_bases(a, set(self.outs)) for a in sets]  # the base inputs, as the judge rebuilds them
+        self.contents = [{j: a[j].clone() for j in self.inouts} for a in sets]  # each set's in/out tensors as made
         self.held: dict[int, dict] = {}  # call -> outputs, of calls the timer may ask for
         self.latest: dict[int, tuple[int, dict]] = {}  # set -> (call, outputs) of its latest call
 
@@ -34,10 +36,12 @@ class AfterWork:
                 self.held[call] = out
             self.held.pop(drop, None)
         self.poison_set(args)
+        for j, made in self.contents[k].items():
+            args[j].copy_(made)
         refresh_floats(args, seed, self.scales[k])
 
     def poison_set(self, args: list) -> None:
-        for j in self.outs:
+        for j in self.poisoned:
             poison(args[j])
 
     def poison_all(self) -> None:

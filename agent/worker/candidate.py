@@ -3,7 +3,8 @@
 The baseline is timed before any candidate code exists in the process (or, in a pool,
 once per lane in a process of its own: the baseline job). Then the process is locked
 down (import blocker, audit guard) and, per case, a fresh copy of the kernel runs on
-the package's inputs and on fresh ones (outputs poisoned, inputs compared bitwise);
+the package's inputs and on fresh ones (outputs poisoned, in/out tensors fresh copies of the package's
+contents, read-only inputs compared bitwise);
 once every case passed its checks, the timed cases are timed in one hold of the timing
 lane (worker/lane.py), with inputs redrawn and outputs re-poisoned after every call. Every output the judge will check is saved with
 the seeds that rebuild its inputs and a sha256 that proves it was not rewritten.
@@ -151,7 +152,7 @@ class Candidate:
             sets = [rt.make_args(case, set_seed(self.job, k))[0] for k in range(t.input_sets)]
             sizes = rt.describe(sets[0])
             # the candidate's after-work, here too: its interval is the reference for the candidate's
-            work = AfterWork(sets, rt.outputs(sets[0]))
+            work = AfterWork(sets, rt.outputs(sets[0]), rt.roles(sets[0]).inouts)
             work.poison_all()
             timing = self.timer.eager(case.label, LoopKind.BASELINE, baseline, sets, work)
             timing.pop("check")
@@ -177,13 +178,14 @@ class Candidate:
         """The package's own inputs, then fresh ones; None when the case already has its verdict."""
         rt, job, samples = self.rt, self.job, []
         for name, base_seed in checked_seeds(job, n, case):
-            args, _ = rt.make_args(case, base_seed)
-            outs = rt.outputs(args)
-            for i in outs:
+            args, _ = rt.make_args(case, base_seed)  # in/out tensors: a fresh copy of the package's contents
+            roles = rt.roles(args)
+            outs = roles.written
+            for i in roles.outputs:
                 poison(args[i])
             pristine = {i: a.clone() for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in outs}
             if name == "given" or job.device is Device.CPU:  # on the CPU every checked call is watched
-                with watch_host_compute(args, outs) as watch:
+                with watch_host_compute(args, list(roles.outputs)) as watch:
                     fn(*args)
                     self.sync()
                 if watch.reason:
@@ -194,7 +196,7 @@ class Candidate:
                 self.sync()
             changed = [i for i, a in pristine.items() if not same_bits(a, args[i])]
             if changed:
-                why = f"modified its input argument(s) {changed} (inputs must stay read-only)"
+                why = roles.tampered(changed)
                 self.chan.send(CaseFailed(case=case.label, status=Status.REJECTED, reason=why))
                 return None
             samples.append(self._save(case.label, name, {i: args[i].detach().clone() for i in outs}, base_seed, None,
@@ -204,7 +206,7 @@ class Candidate:
     def _timed(self, case: CaseSpec, fn, backend) -> tuple[list[Sample], dict]:
         rt, job = self.rt, self.job
         sets = [rt.make_args(case, set_seed(job, k))[0] for k in range(job.timing.input_sets)]
-        work = AfterWork(sets, rt.outputs(sets[0]))
+        work = AfterWork(sets, rt.outputs(sets[0]), rt.roles(sets[0]).inouts)
         n_keep = min(SAMPLED_CALLS, max(1, SAMPLED_BYTES // max(out_bytes(sets, work.outs), 1)))
 
         def saved(check: list) -> list[Sample]:

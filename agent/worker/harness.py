@@ -11,6 +11,7 @@ import importlib.util
 import inspect
 import io
 import math
+import random
 import sys
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -22,6 +23,8 @@ import torch
 from optagent.messages import CaseSpec
 from optagent.schema import CaseKind
 from optagent.task import REQUIRED_FUNCTIONS, Manifest, load_task
+from optagent.worker.arg_roles import ArgRoles, detect_roles
+from optagent.worker.args import clone_args, copy_args, poison, run_baseline, same_bits  # noqa: F401 (their home before)
 from optagent.worker.hooks import Hooks
 
 COMPAT_DIR = Path(__file__).resolve().parent / "compat"
@@ -66,6 +69,7 @@ class TaskRuntime:
                 "(did an import inside the module fail?)")
         self.hooks: Optional[Hooks] = None
         self._generated: Optional[tuple] = None  # (case key, args, sizes) of the last case generated
+        self._roles: Optional[ArgRoles] = None  # once learnt
         if self.manifest and self.task.hooks_path:
             self.hooks = Hooks.load(self.task.hooks_path, self.manifest)
 
@@ -96,8 +100,9 @@ class TaskRuntime:
     def make_args(self, case: CaseSpec, seed: Optional[int]) -> tuple[list, Any]:
         """The run_kernel arguments of a case; seed None gives the package's own inputs.
 
-        Contest cases with a seed keep their metadata (ints, index tensors) and get
-        fresh float tensors; manifest cases are drawn anew by the hooks.
+        Contest cases with a seed keep their metadata (ints, index tensors) and in/out tensors, and
+        their read-only float tensors are the package's own, moved (refresh_floats: value grids and
+        ties kept); manifest cases are drawn anew by the hooks.
         """
         if case.kind is CaseKind.CONTEST:
             key = (case.label, case.index, case.max_elements)
@@ -106,7 +111,7 @@ class TaskRuntime:
                 self._generated = (key, *self._generate_case(case))
             args, sizes = copy_args(self._generated[1]), self._generated[2]
             if seed is not None:
-                refresh_floats(args, seed, float_scales(args, set(self.outputs(args))))
+                refresh_floats(args, seed, float_bases(args, set(self.written(args))))
             return args, sizes
         assert self.hooks is not None and case.params is not None
         base = 0 if seed is None else seed
@@ -140,12 +145,20 @@ class TaskRuntime:
             return list(gen(sizes, self.device))
         return [a.to(self.device) if isinstance(a, torch.Tensor) else a for a in gen(sizes)]
 
+    def roles(self, args: list) -> ArgRoles:
+        """The arguments' roles (pure outputs, in/out, read-only), learnt from the baseline once."""
+        if self._roles is None:
+            declared = list(self.manifest.outputs) if self.manifest and self.manifest.outputs is not None else None
+            self._roles = detect_roles(self.config, args, self.task.arg_names, declared)
+        return self._roles
+
     def outputs(self, args: list) -> list[int]:
-        if self.manifest and self.manifest.outputs is not None:
-            return list(self.manifest.outputs)
-        if not hasattr(self, "_detected_outputs"):
-            self._detected_outputs = detect_outputs(self.config, args)
-        return self._detected_outputs
+        """The pure outputs: poisoned before every call."""
+        return list(self.roles(args).outputs)
+
+    def written(self, args: list) -> list[int]:
+        """Every argument the kernel must write, pure outputs and in/out tensors."""
+        return self.roles(args).written
 
     def describe(self, args: list) -> str:
         told = self.hooks.describe(args) if self.hooks is not None else None
@@ -153,6 +166,9 @@ class TaskRuntime:
             return told
         shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
         return " ".join("x".join(map(str, s)) for s in shapes[:2])
+
+
+SMOKE_ROWS = 64  # rows of a cut case at most: the interpreter runs a program (often a row) at a time
 
 
 def shrink_rows(sizes, max_elements: int):
@@ -164,7 +180,7 @@ def shrink_rows(sizes, max_elements: int):
     if len(first) < 2 or not all(isinstance(x, int) and x > 0 for x in first):
         return None
     rows, per_row = first[0], math.prod(first[1:])
-    keep = max(1, min(rows, max_elements // per_row))
+    keep = max(1, min(rows, max_elements // per_row, SMOKE_ROWS))
     if keep == rows:
         return None
     def cut(s):
@@ -176,44 +192,39 @@ def shrink_rows(sizes, max_elements: int):
 
 
 def _shaped_as(args: list, sizes) -> bool:
-    """Whether the generated tensors follow the (shrunk) sizes: the first tensor has the first shape."""
-    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-    return first is not None and tuple(first.shape) == tuple(sizes[0])
+    """Whether the generated tensors follow the (shrunk) sizes: a tensor has the first shape (the
+    arguments need not come in the order of the sizes)."""
+    return any(isinstance(a, torch.Tensor) and tuple(a.shape) == tuple(sizes[0]) for a in args)
 
 
-def float_scales(args: list, skip: set[int]) -> dict[int, float]:
-    """The spread of every floating input tensor, to redraw it at the same scale."""
-    scales = {}
-    for i, a in enumerate(args):
-        if i not in skip and isinstance(a, torch.Tensor) and a.is_floating_point():
-            std = float(a.float().std()) if a.numel() > 1 else 1.0
-            scales[i] = std if math.isfinite(std) and std > 0 else 1.0
-    return scales
+def float_bases(args: list, skip: set[int]) -> dict[int, torch.Tensor]:
+    """Copies of the read-only floating input tensors: what refresh_floats redraws them from."""
+    return {i: a.detach().clone() for i, a in enumerate(args)
+            if i not in skip and isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel() > 1}
 
 
-def refresh_floats(args: list, seed: int, scales: dict[int, float]) -> None:
-    """Redraw the floating input tensors in place from seed alone (not from their
-    current values), so the judge can rebuild any redraw from the seed and the
-    scales of the case's base inputs."""
-    for i, scale in scales.items():
-        a = args[i]
-        gen = torch.Generator(device=a.device)
-        gen.manual_seed(seed * 1000 + i)
-        fresh = torch.randn(a.shape, generator=gen, dtype=torch.float32, device=a.device)
-        a.copy_((fresh * scale).to(a.dtype))
+def moved(base: torch.Tensor, seed: int) -> torch.Tensor:
+    """base's own values in other places, from seed alone: its rows (all but the last dimension, flattened)
+    rolled by a seed-drawn amount, or, for a single row, its columns. Unlike fresh random numbers this
+    keeps what the package made: the value grid, ties within a row, the range, each row whole."""
+    last = base.shape[-1] if base.dim() else 1
+    rows = base.numel() // max(last, 1)
+    draw = random.Random(seed)
+    flat = base.reshape(rows, last)
+    if rows > 1:
+        out = flat.roll(draw.randrange(1, rows), dims=0)
+    elif last > 1:
+        out = flat.roll(draw.randrange(1, last), dims=1)
+    else:
+        out = flat
+    return out.reshape(base.shape)
 
 
-def clone_args(args: list) -> list:
-    return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-
-
-def copy_args(args: list) -> list:
-    """clone_args that keeps a tensor passed twice one tensor (in-place updates reach both)."""
-    copies: dict[int, torch.Tensor] = {}
-    for a in args:
-        if isinstance(a, torch.Tensor) and id(a) not in copies:
-            copies[id(a)] = a.clone()
-    return [copies.get(id(a), a) if isinstance(a, torch.Tensor) else a for a in args]
+def refresh_floats(args: list, seed: int, bases: dict[int, torch.Tensor]) -> None:
+    """Redraw the read-only floating inputs in place from their bases and seed alone (not from their
+    current values), so the judge can rebuild any redraw from the seed and the case's base inputs."""
+    for i, base in bases.items():
+        args[i].copy_(moved(base, seed * 1000 + i))
 
 
 CHECKSUM_CHUNK = 1 << 24  # elements per pass: a multi-GiB KV cache needs no int64 copy of itself
@@ -237,41 +248,3 @@ def checksum(t: torch.Tensor) -> str:
     return f"{tuple(t.shape)}:{t.dtype}:{plain}:{weighted % (1 << 64)}"
 
 
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bitwise equality (NaN == NaN here, unlike torch.equal)."""
-    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
-
-
-def run_baseline(config, args: list) -> list:
-    """The package's baseline on args, its outputs written into args.
-
-    The contest's baselines write in place and return the list; one that returns
-    new tensors instead has them copied into the arguments they replace.
-    """
-    with redirect_stdout(io.StringIO()):
-        ret = config.baseline(*args)
-    if isinstance(ret, (list, tuple)) and len(ret) == len(args):
-        for a, r in zip(args, ret):
-            if isinstance(a, torch.Tensor) and isinstance(r, torch.Tensor) and r is not a and r.shape == a.shape:
-                a.copy_(r)
-    return args
-
-
-def detect_outputs(config, args: list) -> list[int]:
-    """Output tensors are those the baseline writes: compare before and after."""
-    before = clone_args(args)
-    after = run_baseline(config, clone_args(args))
-    outs = [i for i, (a, b) in enumerate(zip(before, after)) if isinstance(a, torch.Tensor) and not same_bits(a, b)]
-    if not outs:
-        raise RuntimeError("the baseline wrote no tensor argument: cannot tell the outputs")
-    return outs
-
-
-def poison(t: torch.Tensor) -> None:
-    """Fill an output with values no correct kernel leaves behind."""
-    if t.is_floating_point():
-        t.fill_(float("nan"))
-    elif t.dtype == torch.bool:
-        t.fill_(True)
-    else:
-        t.fill_(torch.iinfo(t.dtype).min)

@@ -17,7 +17,10 @@ from typing import Optional
 
 import torch
 
-from optagent.worker.harness import TaskRuntime, checksum, clone_args, float_scales, refresh_floats, run_baseline
+from optagent.worker.arg_roles import ArgRoles
+from optagent.worker.floor_estimate import estimated_bytes
+from optagent.worker.compare import integer_mismatch, untouched_masks, written_problem
+from optagent.worker.harness import TaskRuntime, checksum, clone_args, float_bases, refresh_floats, run_baseline
 from optagent.worker.interpreter_faults import blame_interpreter
 from optagent.messages import (CaseSpec, Channel, Done, ExpectedSample, Finding, Job, Phase, PhaseStarted, Probed,
                                ProbedCase, ProbedExtra, Sample, Verdict)
@@ -34,7 +37,7 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def _rebuild(rt: TaskRuntime, case: CaseSpec, sample: Sample) -> tuple[list, object]:
     args, sizes = rt.make_args(case, sample.base_seed)
     if sample.refresh_seed is not None:
-        refresh_floats(args, sample.refresh_seed, float_scales(args, set(rt.outputs(args))))
+        refresh_floats(args, sample.refresh_seed, float_bases(args, set(rt.written(args))))
     return args, sizes
 
 
@@ -54,16 +57,15 @@ def _as_asked(samples: list[Sample], expected: list[ExpectedSample]) -> tuple[li
     return first + list(by_name.values()), None
 
 
-def _inputs_changed(saved: dict, args: list, outs: list[int]) -> Optional[Finding]:
+def _inputs_changed(saved: dict, args: list, roles: ArgRoles) -> Optional[Finding]:
     """The post-call inputs' checksums the candidate process saved, against the judge's own rebuild's."""
     inputs = saved.get("inputs")
     if not isinstance(inputs, dict):
         return Finding(status=Status.REJECTED, reason="the inputs after the call were not saved as the harness asked")
-    changed = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in outs
+    changed = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in roles.written
                and inputs.get(i) != checksum(a)]
     if changed:
-        return Finding(status=Status.REJECTED, reason=f"modified its input argument(s) {changed} (inputs must stay "
-                       "read-only)")
+        return Finding(status=Status.REJECTED, reason=roles.tampered(changed))
     return None
 
 
@@ -78,10 +80,11 @@ def _verdict(rt: TaskRuntime, case: CaseSpec, sample: Sample, check_inputs: bool
         return Finding(status=Status.REJECTED, reason=f"the saved outputs ({sample.name}) were rewritten after the "
                        "harness saved them")
     args, sizes = _rebuild(rt, case, sample)
-    outs = rt.outputs(args)
+    roles = rt.roles(args)
+    outs = roles.written
     saved = torch.load(io.BytesIO(data), map_location=rt.device, weights_only=True)
     where = f"{sample.name} inputs"
-    changed = _inputs_changed(saved, args, outs) if check_inputs else None
+    changed = _inputs_changed(saved, args, roles) if check_inputs else None
     if changed:
         return changed
     found: dict = {"rel_err": 0.0, "max_abs_err": 0.0, "tolerance": None}
@@ -92,18 +95,22 @@ def _verdict(rt: TaskRuntime, case: CaseSpec, sample: Sample, check_inputs: bool
     else:
         base = run_baseline(rt.config, clone_args(args))
         refs64 = [base[i] for i in outs]
+    untouched = untouched_masks(rt.config, args, base, roles) if base is not None else {}
+    mismatches = []  # integer arguments that differ: the package's check() has the last word on them
     for j, i in enumerate(outs):
         if i not in saved:
-            return Finding(status=Status.INCORRECT, reason=f"output #{i} missing ({where})")
+            return Finding(status=Status.INCORRECT, reason=f"{roles.label(i)} missing ({where})")
         out, ref = saved[i], refs64[j].to(saved[i].device)
         if out.shape != ref.shape or out.dtype != args[i].dtype:
-            return Finding(status=Status.INCORRECT, reason=f"output #{i} is {out.dtype} {tuple(out.shape)}, "
+            return Finding(status=Status.INCORRECT, reason=f"{roles.label(i)} is {out.dtype} {tuple(out.shape)}, "
                            f"expected {args[i].dtype} {tuple(args[i].shape)}")
-        bad = ~torch.isfinite(out.double()) & torch.isfinite(ref.double())
-        if bool(bad.any()):
-            n = int(bad.sum())
-            return Finding(status=Status.INCORRECT, reason=f"{n} of {out.numel()} output elements not written or "
-                           f"not finite ({where}, first at flat index {int(bad.flatten().nonzero()[0])})")
+        problem = written_problem(roles, i, out, ref, args[i], untouched.get(i), where)
+        if problem:
+            return Finding(status=Status.INCORRECT, reason=problem)
+        mismatch = integer_mismatch(roles, i, out, ref, where)
+        if mismatch:
+            mismatches.append(mismatch)
+            continue
         err = rel_err(out, ref)
         found["rel_err"] = max(found["rel_err"], err)
         found["max_abs_err"] = max(found["max_abs_err"], float((out.double() - ref.double()).abs().max()))
@@ -113,8 +120,10 @@ def _verdict(rt: TaskRuntime, case: CaseSpec, sample: Sample, check_inputs: bool
             found["tolerance"] = tol
             if err > tol:
                 return Finding(**found, status=Status.INCORRECT, reason=f"relative error {err:.2e} exceeds "
-                               f"{tol:.2e} ({where}; tolerance = {manifest.tolerance_factor:g} x a same-dtype "
-                               "PyTorch computation)")
+                               f"{tol:.2e} in {roles.label(i)} ({where}; tolerance = {manifest.tolerance_factor:g} x a "
+                               "same-dtype PyTorch computation)")
+    if mismatches and case.kind is not CaseKind.CONTEST:  # no check() to state another rule: exact
+        return Finding(**found, status=Status.INCORRECT, reason=mismatches[0])
     if case.kind is CaseKind.CONTEST:
         target = clone_args(args)
         for i in outs:
@@ -126,18 +135,9 @@ def _verdict(rt: TaskRuntime, case: CaseSpec, sample: Sample, check_inputs: bool
         if not ok:
             detail = err_text.getvalue().strip().splitlines()
             return Finding(**found, status=Status.INCORRECT,
-                           reason=f"the task's check() failed ({where})" + (f": {detail[-1][:200]}" if detail else ""))
+                           reason=f"the task's check() failed ({where})" + (f": {detail[-1][:200]}" if detail else "")
+                           + (f"; {mismatches[0]}" if mismatches else ""))
     return Finding(**found, status=Status.PASSED)
-
-
-def estimated_bytes(args: list) -> int:
-    """A package without a bytes_moved hook: every tensor argument moved once (inputs read once,
-    outputs written once), each tensor counted once however often it is passed."""
-    seen: dict[int, int] = {}
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            seen[a.data_ptr() if a.numel() else id(a)] = a.numel() * a.element_size()
-    return sum(seen.values())
 
 
 def judge(job: Job, chan: Channel) -> None:
@@ -180,7 +180,8 @@ def judge(job: Job, chan: Channel) -> None:
             if tflops and work is not None:
                 floors["compute_floor_us"] = work / (tflops * 1e6)
         elif bandwidth and samples:
-            floors.update(floor_us=estimated_bytes(_rebuild(rt, case, samples[0])[0]) / (bandwidth * 1e3),
+            args = _rebuild(rt, case, samples[0])[0]
+            floors.update(floor_us=estimated_bytes(rt.config, args, rt.roles(args)) / (bandwidth * 1e3),
                           floor_kind=FloorKind.ESTIMATE)
         result = worst or Finding(status=Status.PASSED)
         if job.device is Device.CPU and result.status is Status.INCORRECT:
@@ -215,6 +216,6 @@ def probe(job: Job, chan: Channel) -> None:
             # every hook once, its answers checked against TaskHooks (one line naming the hooks file)
             a = rt.hooks.probe_case(f"{kind}-{k}", params, rt.device, outs)
             extra.append(ProbedExtra(label=f"{kind}-{k}", sizes=rt.describe(a), bytes=rt.hooks.bytes_moved(a)))
-    chan.send(Probed(cases=rows, outputs=outs, baseline_label=rt.baseline_label, probed_case=smallest.index,
+    chan.send(Probed(cases=rows, outputs=outs, inouts=list(rt.roles(args).inouts), baseline_label=rt.baseline_label, probed_case=smallest.index,
                      extra=extra))
     chan.send(Done())
