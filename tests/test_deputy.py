@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from attack_fixtures import attack_source  # tests/ is on sys.path
 from optagent.evaluation import isolation
 from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
 from optagent.evaluation.safe_files import UnsafeFile, create, job_fd, open_dir, open_regular, open_samples, read_regular
@@ -23,15 +24,7 @@ from optagent.messages import ExpectedSample, Job, Sample
 from optagent.schema import Language, Status
 from optagent.task import load_task
 
-ATTACKS = Path(__file__).resolve().parent / "attacks"
-KERNEL_MARK = ("# attack fixture: the decode starter's kernel and _launch(heads, scale) stand here "
-               "(tests/attacks/decode_kernel.inc)")
 TARGET = Path("/tmp/optagent_attack_deputy_target")
-
-
-def attack(name: str) -> str:
-    text = (ATTACKS / f"{name}.py").read_text()
-    return text.replace(KERNEL_MARK, (ATTACKS / "decode_kernel.inc").read_text().rstrip("\n"))
 
 
 def mechanisms() -> list[str]:
@@ -138,7 +131,7 @@ def evaluate(task, name: str, mechanism: str, monkeypatch, timeout: float = 120.
     cases = [c for c in select_cases(task, "cpu", 0, None, hidden=False) if c.label == "smoke-1"]
     ev = SandboxEvaluator(task, "cpu", cases, timeout_s=timeout, static_scan=False, guard=False)
     done: list = []
-    worker = threading.Thread(target=lambda: done.append(ev.evaluate(attack(name), Language.TRITON)), daemon=True)
+    worker = threading.Thread(target=lambda: done.append(ev.evaluate(attack_source(name), Language.TRITON)), daemon=True)
     worker.start()
     worker.join(3 * timeout)  # the old parent blocked on a FIFO for ever: the test must not
     assert done, f"{name}: the evaluation did not end (the parent blocked)"

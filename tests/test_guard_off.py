@@ -21,23 +21,15 @@ from typing import Callable, Optional
 
 import pytest
 
+from attack_fixtures import ATTACKS, attack  # tests/ is on sys.path
 from optagent.evaluation import isolation
 from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
-from optagent.schema import EvalResult, Language, Status
+from optagent.schema import EvalResult, Status
 from optagent.task import load_task
 from optagent.worker import landlock
 
-ATTACKS = Path(__file__).resolve().parent / "attacks"
-KERNEL_MARK = ("# attack fixture: the decode starter's kernel and _launch(heads, scale) stand here "
-               "(tests/attacks/decode_kernel.inc)")
 FAKE_KEY = "sk-optagent-guard-off-0123456789FAKE"
 GUARD_ONLY = {"obf_getattr_import", "obf_frame_walk"}
-
-
-def attack(name: str) -> tuple[str, Language]:
-    path = next(ATTACKS.glob(f"{name}.*"))
-    text = path.read_text().replace(KERNEL_MARK, (ATTACKS / "decode_kernel.inc").read_text().rstrip("\n"))
-    return text, Language.CUDA if path.suffix == ".cu" else Language.TRITON
 
 
 def left_in(scratch_root: Path) -> list[int]:

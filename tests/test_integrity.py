@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 import optagent.evaluation.evaluator as evaluator_module
+from attack_fixtures import ATTACKS, attack  # tests/ is on sys.path
 from optagent.integrity import static_verdict
 from optagent.secret_env import redact
 from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
@@ -38,7 +39,6 @@ from optagent.schema import EvalResult, Language, Status, TimerKind
 from optagent.task import load_task
 
 ROOT = Path(__file__).resolve().parents[1]
-ATTACKS = Path(__file__).resolve().parent / "attacks"
 FAKE_KEY = "sk-optagent-test-0123456789abcdefFAKE"
 
 @pytest.fixture(scope="module")
@@ -51,16 +51,6 @@ def cases(task):
     return {c.label: c for c in select_cases(task, "cpu", 0, None, hidden=True)}
 
 
-# Most Triton fixtures cheat around the same honest kernel: it is kept once, and stands in for this line.
-KERNEL_MARK = ("# attack fixture: the decode starter's kernel and _launch(heads, scale) stand here "
-               "(tests/attacks/decode_kernel.inc)")
-
-
-def attack(name: str) -> tuple[str, Language]:
-    """The fixture's source as a candidate hands it in: whole, the shared kernel in place of its mark."""
-    path = next(ATTACKS.glob(f"{name}.*"))
-    text = path.read_text().replace(KERNEL_MARK, (ATTACKS / "decode_kernel.inc").read_text().rstrip("\n"))
-    return text, Language.CUDA if path.suffix == ".cu" else Language.TRITON
 
 
 def run(task, cases, name: str, labels=("smoke-1",), timeout: float = 90.0, scan: bool = True) -> EvalResult:

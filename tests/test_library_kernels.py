@@ -4,28 +4,20 @@ the buffers an input may be laundered into."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
+from attack_fixtures import attack_source  # tests/ is on sys.path
 from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
 from optagent.integrity import has_own_kernel, static_verdict
 from optagent.schema import Language, Status
 from optagent.task import load_task
 
-ATTACKS = Path(__file__).resolve().parent / "attacks"
-KERNEL_MARK = ("# attack fixture: the decode starter's kernel and _launch(heads, scale) stand here "
-               "(tests/attacks/decode_kernel.inc)")
-
-
-def attack(name: str) -> str:
-    text = (ATTACKS / f"{name}.py").read_text()
-    return text.replace(KERNEL_MARK, (ATTACKS / "decode_kernel.inc").read_text().rstrip("\n"))
 
 
 @pytest.mark.parametrize("name", ["local_jit", "docstring_kernel"])
 def test_a_kernel_named_only_in_text_or_by_a_local_jit_is_no_kernel(name):
-    assert static_verdict(attack(name), Language.TRITON) == "defines no triton kernel of its own"
+    assert static_verdict(attack_source(name), Language.TRITON) == "defines no triton kernel of its own"
 
 
 def test_own_kernel_is_read_from_the_code():
@@ -48,7 +40,7 @@ def task(task_dir):
 @pytest.mark.parametrize("name", ["launder_copy", "later_calls_torch"])
 def test_pytorch_behind_a_copy_or_after_the_first_call_is_caught(task, name):
     cases = [c for c in select_cases(task, "cpu", 0, None, hidden=False) if c.label == "smoke-1"]
-    result = SandboxEvaluator(task, "cpu", cases, timeout_s=120, static_scan=False).evaluate(attack(name),
+    result = SandboxEvaluator(task, "cpu", cases, timeout_s=120, static_scan=False).evaluate(attack_source(name),
                                                                                             Language.TRITON)
     assert result.status is Status.REJECTED and "computes with PyTorch on its inputs" in (result.reason or ""), \
         (result.status, result.reason)
