@@ -20,7 +20,8 @@ from optagent.evaluation.evaluator import SandboxEvaluator
 from optagent.messages import Job
 from optagent.schema import CaseKind, Device, EvalResult, Language, PlannerKind, RunConfig, Status
 from optagent.search.loop import Limits
-from optagent.runs.store import RunStore, list_runs, read_record
+from optagent.runs.store import RunStore, list_runs
+from optagent.runs.files import read_record
 from optagent.task import load_task
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "run_sample"

@@ -11,7 +11,8 @@ import openai
 import pytest
 
 from fake_openai import FakeOpenAI, completion
-from optagent.llm.client import LLMError, OpenAICompatLLM, llm_settings_from_env
+from optagent.llm.client import LLMError, OpenAICompatLLM
+from optagent.llm.config import llm_settings_from_env
 from optagent.search.planners.llm import LLMPlanner, build_messages
 from optagent.search.planners.replay import ReplayPlanner
 from optagent.llm.prompts import render

@@ -10,7 +10,8 @@ import pytest
 from optagent.evaluation.serial_pool import SerialPool
 from optagent.search.knobs import find_knobs, set_knobs
 from optagent.search.loop import Limits, Loop
-from optagent.search.planners.offline import OfflinePlanner, run_kernel_params
+from optagent.search.planners.offline import OfflinePlanner
+from optagent.search.strategy_spec import run_kernel_params
 from optagent.protocols import PlannerExhausted
 from optagent.runs.view import PlannerContext
 from optagent.schema import (CaseKind, CaseResult, EvalResult, Language, Proposal, RunConfig, RunState, RunStatus,

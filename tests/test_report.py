@@ -41,7 +41,8 @@ from optagent.schema import (
     Timing,
     Usage,
 )
-from optagent.runs.store import RunError, RunStore
+from optagent.runs.store import RunStore
+from optagent.runs.files import RunError
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "run_sample"
 RUN_ID = "20260721-093012-flashattn_decode-3f9a2c"

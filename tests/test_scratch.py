@@ -9,12 +9,11 @@ import sys
 import time
 from pathlib import Path
 
-from optagent.evaluation.sandbox import OWNER, keep_scratch, new_scratch, sweep_scratch
-
+from optagent.evaluation.scratch import OWNER, keep_scratch, new_scratch, sweep_scratch
 
 
 def scratch_holder(base: Path) -> tuple[subprocess.Popen, Path]:
-    code = ("import sys, time; from pathlib import Path; from optagent.evaluation.sandbox import new_scratch; "
+    code = ("import sys, time; from pathlib import Path; from optagent.evaluation.scratch import new_scratch; "
             "p, _ = new_scratch(Path(sys.argv[1])); (p / 'candidate.py').write_text('x'); "
             "print(p, flush=True); time.sleep(600)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(base)], stdout=subprocess.PIPE, text=True)
@@ -44,7 +43,7 @@ def test_scratch_of_a_killed_evaluation_is_swept_and_a_live_ones_is_not(tmp_path
         live.send_signal(signal.SIGKILL)
         live.wait()
         # the next start sweeps on its own: its first scratch directory
-        code = ("import sys; from pathlib import Path; from optagent.evaluation.sandbox import new_scratch, remove_scratch; "
+        code = ("import sys; from pathlib import Path; from optagent.evaluation.scratch import new_scratch, remove_scratch; "
                 "p, _ = new_scratch(Path(sys.argv[1])); remove_scratch(p)")
         subprocess.run([sys.executable, "-c", code, str(base)], check=True, timeout=60)
         assert not live_dir.exists() and kept.is_dir()

@@ -25,7 +25,8 @@ from optagent.runs.view import PlannerContext
 from optagent.schema import Language, Proposal, RunConfig, RunStatus, Status, StepOutcome, Usage
 from optagent.runs import files as run_files
 from optagent.search.loop import Limits, Loop
-from optagent.runs.store import RunError, RunStore, new_run_id
+from optagent.runs.store import RunStore, new_run_id
+from optagent.runs.files import RunError
 from optagent.runs.trajectory import Trajectory
 from optagent.task import load_task
 

@@ -23,7 +23,7 @@ import pytest
 from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
 from optagent.messages import TimingSpec
 from optagent.search.knobs import find_knobs, set_knobs
-from optagent.search.planners.offline import run_kernel_params
+from optagent.search.strategy_spec import run_kernel_params
 from optagent.schema import CaseKind, Language
 from optagent.task import load_task
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from optagent.search.knobs import find_knobs
-from optagent.search.planners.offline import load_strategies, run_kernel_params
+from optagent.search.planners.offline import load_strategies
+from optagent.search.strategy_spec import run_kernel_params
 from optagent.schema import Language
 from optagent.task import load_task
 

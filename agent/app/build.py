@@ -108,7 +108,7 @@ def prompt_rules(config: RunConfig, task: TaskPackage):
     as the LLM's prompt states them."""
     from optagent.evaluation.evaluator import probe_task
     from optagent.llm.feedback import Rules, case_sizes, check_source
-    from optagent.search.loop import CLEAR_GAIN
+    from optagent.search.accept import CLEAR_GAIN
     from optagent.task import TaskError
 
     m = task.manifest if task.manifest and task.manifest.hooks else None
@@ -154,7 +154,8 @@ def build_planner(config: RunConfig, task: TaskPackage) -> Planner:
         return ExternalPlanner()
     if config.planner is not PlannerKind.OFFLINE:  # AUTO is resolved before a run is recorded
         raise UserError(f"run {config.run_id}: no planner {config.planner.value!r}")
-    from optagent.search.planners.offline import OfflinePlanner, run_kernel_params
+    from optagent.search.planners.offline import OfflinePlanner
+    from optagent.search.strategy_spec import run_kernel_params
 
     starter = task.starter(config.language).source
     return OfflinePlanner(config.language, task.manifest.family if task.manifest else None,

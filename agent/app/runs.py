@@ -19,7 +19,8 @@ from optagent.evaluation.evaluator import TIMEOUT_S
 from optagent.progress import ProgressSink
 from optagent.protocols import Planner, Pool
 from optagent.runs import view
-from optagent.runs.store import RunError, RunStore, new_run_id
+from optagent.runs.store import RunStore, new_run_id
+from optagent.runs.files import RunError
 from optagent.runs.trajectory import Trajectory
 from optagent.schema import ClusterEngine, Device, Language, PlannerKind, RunConfig, RunState, Step
 from optagent.search import rounds

@@ -17,7 +17,8 @@ from optagent.progress import ProgressSink
 from optagent.app.runs import RunRequest, create_run, drive, next_prompt
 from optagent.schema import Language, PlannerKind, Proposal, RunState, RunStatus, Status, Step, StepOutcome
 from optagent.settings import UserError
-from optagent.runs.store import RunError, RunStore
+from optagent.runs.store import RunStore
+from optagent.runs.files import RunError
 from optagent.task import TaskPackage
 
 RunOpError = OutsideError  # one error type for every outside operation

@@ -14,7 +14,8 @@ from optagent.cli.views import console, human_console, print_json
 from optagent.report.format import fmt, keep_ids_whole, print_eval
 from optagent.runs.tree import best_step, lineage_text, parents
 from optagent.ranking import timings_rank
-from optagent.runs.store import RunError, RunStore, list_runs, runs_dir
+from optagent.runs.store import RunStore, list_runs, runs_dir
+from optagent.runs.files import RunError
 
 
 def cmd_runs(a) -> int:

@@ -26,7 +26,7 @@ from optagent.app.build import resolve_device
 from optagent.cli.options import add_eval_options
 from optagent.cli.runs import add_run_commands
 from optagent.cli.step_mode import add_step_commands
-from optagent.runs.store import RunError
+from optagent.runs.files import RunError
 from optagent.task import TaskError, detect_language, extract_code, load_task
 from optagent.cli.views import console, human_console, print_json
 from optagent.report.format import print_eval

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from optagent.cli.views import console
 from optagent.report.run_page import render_run_report
-from optagent.runs.store import RunStore, atomic_write, runs_dir
+from optagent.runs.store import RunStore, runs_dir
+from optagent.runs.files import atomic_write
 
 
 def cmd_report(a) -> int:

@@ -16,7 +16,8 @@ from optagent.app.build import resolve_device
 from optagent.cli.options import add_profile_option, add_runs_dir
 from optagent.cli.views import human_console, print_json
 from optagent.report.format import fmt
-from optagent.runs.store import RunError, RunStore, runs_dir
+from optagent.runs.store import RunStore, runs_dir
+from optagent.runs.files import RunError
 from optagent.task import load_task
 
 

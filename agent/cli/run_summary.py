@@ -17,7 +17,8 @@ from rich.table import Table
 
 from optagent.schema import RunConfig, RunState, RunStatus
 from optagent.ranking import timings_rank
-from optagent.runs.store import RunError, RunStore
+from optagent.runs.store import RunStore
+from optagent.runs.files import RunError
 from optagent.report.format import fmt
 
 DAMAGED = "DAMAGED"  # shown in place of a status: the run cannot be read whole

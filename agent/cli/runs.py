@@ -18,7 +18,8 @@ from optagent.protocols import Evaluator, Planner, Pool
 from optagent.profile_facts import ProfileStatus
 from optagent.schema import ClusterEngine, Device, PlannerKind, RunState, RunStatus, Step
 from optagent.ranking import timings_rank
-from optagent.runs.store import RunError, RunStore, runs_dir
+from optagent.runs.store import RunStore, runs_dir
+from optagent.runs.files import RunError
 from optagent.task import TaskPackage, load_task
 from optagent.cli.views import console, human_console, print_json
 from optagent.report.format import STATUS_STYLE, fmt, isolation_line, ratio

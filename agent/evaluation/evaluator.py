@@ -29,7 +29,8 @@ from optagent.evaluation.limits import limits_for, record
 from optagent.evaluation.native_build import native_timer
 from optagent.evaluation.profiler import Profiler
 from optagent.evaluation.safe_files import open_samples
-from optagent.evaluation.sandbox import WorkerRun, keep_scratch, new_scratch, remove_scratch, run_worker, scratch_fd
+from optagent.evaluation.sandbox import WorkerRun, run_worker
+from optagent.evaluation.scratch import keep_scratch, new_scratch, remove_scratch, scratch_fd
 from optagent.evaluation.verdict import assemble, timed_by_timer
 from optagent.text import plain_tree
 from optagent.messages import Baseline, CaseSpec, Done, Job, Probed, ProbedCase, TimingSpec, WorkerError

@@ -25,7 +25,8 @@ from typing import Callable, Optional
 from optagent.evaluation import ncu_csv
 from optagent.evaluation.lanes import Control, Gate, OrderedLane
 from optagent.evaluation.safe_files import read_regular
-from optagent.evaluation.sandbox import WorkerRun, new_scratch, remove_scratch, run_worker
+from optagent.evaluation.sandbox import WorkerRun, run_worker
+from optagent.evaluation.scratch import new_scratch, remove_scratch
 from optagent.messages import CaseSpec, CaseStart, Job, WorkerError
 from optagent.profile_facts import CaseProfile, ProfileStatus
 from optagent.schema import CaseKind, Device, EvalResult, Language

@@ -27,9 +27,7 @@ from optagent.evaluation import isolation, safe_files
 from optagent.evaluation.lanes import Control, Stopped
 from optagent.evaluation.limits import LogTap, Watch, limits_for, record, rlimits
 from optagent.evaluation.report_pipe import ReportPipe
-# the scratch directories' own module; callers have always found them here
-from optagent.evaluation.scratch import (OWNER, keep_scratch, new_scratch, remove_scratch, scratch_base,  # noqa: F401
-                                         scratch_fd, sweep_scratch)
+from optagent.evaluation.scratch import (scratch_fd)
 from optagent.messages import M, Job, Message, parse_line, parse_messages
 from optagent.schema import Device, Isolation, Mechanism
 from optagent.secret_env import SECRET

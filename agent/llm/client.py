@@ -10,7 +10,6 @@ from optagent.text import first_line
 from optagent.protocols import LLMReply
 from optagent.llm.replies import split_reasoning
 from optagent.llm.retry import llm_retry
-from optagent.llm.config import LLMSettings, llm_settings_from_env  # noqa: F401 (re-exported)
 from optagent.schema import Usage
 
 # Some local servers (vLLM, llama.cpp) ignore the key, but the client insists on one.

@@ -17,7 +17,7 @@ from optagent.report.run_page import jinja_env, when
 from optagent.report.charts import HBarChart, speedup_bars
 from optagent.report.code import diff_lines, highlight_css, shorten
 from optagent.schema import Device
-from optagent.runs.store import atomic_write, unified_diff
+from optagent.runs.files import atomic_write, unified_diff
 
 
 @dataclass

@@ -18,7 +18,8 @@ from rich.table import Table
 
 from optagent.ranking import timings_rank
 from optagent.schema import Device, EvalResult, RunConfig
-from optagent.runs.store import RunError, RunStore, list_runs, unified_diff
+from optagent.runs.store import RunStore, list_runs
+from optagent.runs.files import RunError, unified_diff
 from optagent.runs.tree import best_step, lineage
 from optagent.report.format import fmt, keep_ids_whole
 

@@ -20,7 +20,8 @@ from optagent.ranking import timings_rank
 from optagent import __version__
 from optagent.schema import Language
 from optagent.runs.tree import lineage
-from optagent.runs.store import RunStore, read_text, unified_diff
+from optagent.runs.store import RunStore
+from optagent.runs.files import read_text, unified_diff
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 

@@ -42,12 +42,8 @@ from pydantic import BaseModel
 
 from optagent.schema import FORMAT_VERSION, EvalResult, Language, Proposal, RunConfig, RunState, Step
 from optagent.runs import files as run_files
-# Re-exported: readers of runs (report, leaderboard, cli) import them from here.
 from optagent.settings import RUNS_DIR_ENV, settings
-from optagent.runs.files import RunError, atomic_write, read_record, read_text, unified_diff
-
-__all__ = ["RunError", "RunStore", "atomic_write", "list_runs", "new_run_id", "read_record", "read_text",
-           "runs_dir", "unified_diff"]
+from optagent.runs.files import RunError, unified_diff
 
 LOCK_WAIT_S = 1.0  # a reader's probe holds the lock for microseconds; a driver waits that out
 

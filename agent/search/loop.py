@@ -23,7 +23,6 @@ from optagent.protocols import Memory, Planner, PlannerExhausted, PlannerWaiting
 from optagent.schema import BestRef, EvalResult, Proposal, RunState, RunStatus, Step, StepOutcome, now
 from optagent.runs import view
 from optagent.search import accept, rounds
-from optagent.search.accept import CLEAR_GAIN, noise  # noqa: F401 (re-exported)
 from optagent.runs.store import RunStore
 from optagent.runs.trajectory import Best, Trajectory
 from optagent.task import TaskPackage

@@ -31,7 +31,7 @@ from typing import Iterator, Optional, Union
 from optagent.search.generic import generic_candidates
 from optagent.search.knobs import find_knobs, set_knobs
 from optagent.runs.memory import describe_bench
-from optagent.search.strategy_spec import StrategySpec, read_spec, run_kernel_params  # noqa: F401 (re-exported)
+from optagent.search.strategy_spec import StrategySpec, read_spec
 from optagent.protocols import PlannerExhausted
 from optagent.runs.view import PlannerContext
 from optagent.schema import Language, PlannerKind, Proposal
