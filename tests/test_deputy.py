@@ -24,7 +24,7 @@ from optagent.messages import ExpectedSample, Job, Sample
 from optagent.schema import Language, Status
 from optagent.task import load_task
 
-TARGET = Path("/tmp/optagent_attack_deputy_target")
+FIXTURE_TARGET = "/tmp/optagent_attack_deputy_target"  # the path the fixture names; each test swaps in its own
 
 
 def mechanisms() -> list[str]:
@@ -126,12 +126,12 @@ def task(task_dir):
     return load_task(task_dir)
 
 
-def evaluate(task, name: str, mechanism: str, monkeypatch, timeout: float = 120.0):
+def evaluate(task, name: str, mechanism: str, monkeypatch, timeout: float = 120.0, source: str | None = None):
     monkeypatch.setenv(isolation.ENV, mechanism)
     cases = [c for c in select_cases(task, "cpu", 0, None, hidden=False) if c.label == "smoke-1"]
     ev = SandboxEvaluator(task, "cpu", cases, timeout_s=timeout, static_scan=False, guard=False)
     done: list = []
-    worker = threading.Thread(target=lambda: done.append(ev.evaluate(attack_source(name), Language.TRITON)), daemon=True)
+    worker = threading.Thread(target=lambda: done.append(ev.evaluate(source or attack_source(name), Language.TRITON)), daemon=True)
     worker.start()
     worker.join(3 * timeout)  # the old parent blocked on a FIFO for ever: the test must not
     assert done, f"{name}: the evaluation did not end (the parent blocked)"
@@ -145,15 +145,16 @@ def test_planted_fifos_block_nothing(task, mechanism, monkeypatch):
 
 
 @pytest.mark.parametrize("mechanism", mechanisms())
-def test_planted_symlinks_redirect_nothing(task, mechanism, monkeypatch):
-    TARGET.unlink(missing_ok=True)
-    TARGET.write_text("untouched")
-    try:
-        result = evaluate(task, "plant_symlink", mechanism, monkeypatch)
-        assert TARGET.read_text() == "untouched" and not TARGET.is_symlink()
-        assert result.status is Status.PASSED, result.reason
-    finally:
-        TARGET.unlink(missing_ok=True)
+def test_planted_symlinks_redirect_nothing(task, mechanism, monkeypatch, tmp_path):
+    # A host file of this test's own: the mechanisms' cases run at once on two xdist workers, and a shared
+    # path was made by one while the other's clean-up removed it.
+    target = tmp_path / "deputy-target"
+    target.write_text("untouched")
+    source = attack_source("plant_symlink")
+    assert FIXTURE_TARGET in source
+    result = evaluate(task, "plant_symlink", mechanism, monkeypatch, source=source.replace(FIXTURE_TARGET, str(target)))
+    assert target.read_text() == "untouched" and not target.is_symlink()
+    assert result.status is Status.PASSED, result.reason
 
 
 @pytest.mark.parametrize("mechanism", mechanisms())

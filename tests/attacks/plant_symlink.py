@@ -1,6 +1,6 @@
 """Attack class: the parent as a confused deputy (symlinks planted in the scratch directory).
 Attack: at import, points job-judge.json and judge.log in its scratch directory at a file on the
-host (/tmp/optagent_attack_deputy_target: the test makes it). The orchestrator resolves a link on the
+host (/tmp/optagent_attack_deputy_target, or the file the test names in its place). The orchestrator resolves a link on the
 host, outside any sandbox: the old one wrote the judge's job (nonce, seeds) and the judge's log there.
 Expected verdict: PASSED (its kernel is honest), and the host file is untouched: the parent never
 follows a link in a directory the candidate could write. Needs the scan and the guard off (it imports os).
