@@ -176,3 +176,23 @@ def test_a_loop_stops_once_its_median_holds_still(so):
     steady, slower = got["calls"]
     assert 20 <= steady <= 60, steady
     assert slower > 100, slower
+
+
+def test_a_few_calls_deciles_stay_within_their_samples(so):
+    """A CPU loop times 2-3 calls: the exclusive deciles extrapolated past the least (p10 = 1.6 x the least
+    - 0.6 x the next), so a spread-out after-work read 0.001 us, and honest candidates compared with it were
+    rejected for moved work. Both the native timer and the Python one keep p10 and p90 within the samples."""
+    from optagent.worker.bench import stats
+
+    got = in_child(so, '''
+        import time
+        m.init(sr, rw, False, 3, 3, 0, 0.0)
+        pause = {1: 0.002, 2: 0.010, 3: 0.040}  # the timed calls' after-work; none after a warm-up call
+        m.session("c", 1, 1).eager("eager", lambda: time.sleep(0.001), [[]], lambda *a: time.sleep(pause.get(a[0], 0)))
+        print(json.dumps({"end": json.loads(records()[-1][1])}))
+    ''')
+    end = got["end"]
+    assert end["calls"] == 3 and 2_000 <= end["after_us"] < 10_000, end  # not below its least interval
+    assert end["p10_us"] >= 1_000 and end["p90_us"] >= end["median_us"]
+    assert stats([10.0, 30.0, 50.0]) == {"median_us": 30.0, "p10_us": 10.0, "p90_us": 50.0, "samples": 3}
+    assert stats([10.0, 30.0])["p10_us"] == 10.0
