@@ -22,6 +22,7 @@ class KernelFacts(BaseModel):
     warps: Optional[int] = None
     stages: Optional[int] = None
     occupancy: Optional[float] = None  # theoretical: resident warps / the SM's 64, 0..1
+    target: Optional[str] = None  # "sm_90": compiled for a GPU this machine lacks (CPU mode); it never ran there
 
 
 class GpuFacts(BaseModel):

@@ -90,6 +90,7 @@ class Job(Record):
     expected: dict[str, list[ExpectedSample]] = Field(default_factory=dict)  # judge: samples that must exist
     # candidate: the in-process guard (worker/guard.py); off only in tests that show the OS contains it alone
     guard: bool = True
+    target_facts: bool = False  # candidate, CPU mode: Triton launches also compiled for the target GPU
 
 
 class Message(Part):
@@ -169,6 +170,7 @@ class CaseFailed(Message):
     case: str
     status: Status
     reason: str
+    kernels: list[KernelFacts] = Field(default_factory=list)  # e.g. a CUDA source compiled on a CPU, never run
 
     @model_validator(mode="after")
     def _failed(self) -> "CaseFailed":

@@ -133,3 +133,82 @@ def test_a_two_step_cuda_build_keeps_lineinfo_in_the_compile_step():
     assert "-lcublas" not in compile_only and "-L/opt/lib" not in compile_only
     from optagent.worker.backends.cuda import is_link_flag
     assert [p for p in b.compiler if is_link_flag(p)] == ["-lcublas", "-L/opt/lib"]
+
+
+TARGET_SCRIPT = r'''
+import json, os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+import torch, triton, triton.language as tl
+from optagent.worker import target_compile
+
+target_compile.record_launches()
+
+@triton.jit
+def _scaled(x, s):
+    return x * s
+
+@triton.jit
+def row_sum(x_ptr, out_ptr, n, scale, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * n + offs, mask=offs < n, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row, tl.sum(_scaled(x, scale), axis=0))
+
+@triton.jit
+def add_one(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
+x = torch.randn(4, 100, dtype=torch.bfloat16)
+out = torch.empty(4)
+row_sum[(4,)](x, out, 100, 2.0, BLOCK=128, num_warps=2)
+first = target_compile.target_facts()
+y = torch.zeros(300)
+add_one[(triton.cdiv(300, 64),)](y, 300, BLOCK=64)  # launched after the interpreter patched its language
+facts = target_compile.target_facts()
+out.zero_()
+row_sum[(4,)](x, out, 100, 2.0, BLOCK=128, num_warps=2)  # the interpreter still works after the compiles
+ok = torch.allclose(out, 2 * x.float().sum(1), rtol=1e-3) and bool((y == 1).all())
+print(json.dumps({"first": len(first), "facts": [f.model_dump() for f in facts], "ok": ok}))
+'''
+
+
+def test_cpu_mode_compiles_interpreted_launches_for_the_target(tmp_path):
+    """Under Triton's interpreter nothing is compiled, yet the launches seen are compiled for sm_90 (helpers,
+    tl.sum and all, before and after the interpreter patched its language), and the interpreter still works."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton")}
+    script = tmp_path / "kernels.py"  # a file: Triton's compiler reads a jit function's source
+    script.write_text(TARGET_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["ok"] and got["first"] == 1
+    facts = {f["name"]: KernelFacts(**f) for f in got["facts"]}
+    assert set(facts) == {"row_sum", "add_one"}
+    for f in facts.values():
+        assert f.target == "sm_90" and f.source == "triton" and f.registers and f.registers > 0, f
+        assert f.spill_bytes == 0 and f.occupancy is not None
+    assert facts["row_sum"].warps == 2 and facts["add_one"].warps == 4
+    line = kernel_lines(EvalResult(status=Status.PASSED, language=Language.TRITON, device="cpu", source_sha256="0" * 64,
+                                   cases=[CaseResult(case="1", kind=CaseKind.SMOKE, status=Status.PASSED,
+                                                     kernels=[facts["row_sum"]])], wall_s=1.0))[0]
+    assert line.startswith("row_sum (triton, built for sm_90, not run): ") and "registers" in line, line
+
+
+def test_a_cpu_evaluation_reports_the_starters_facts_for_the_target():
+    """End to end, in the sandbox: the decode starter evaluated on CPU carries its kernel's sm_90 facts."""
+    from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
+    from optagent.task import load_task
+
+    task = load_task(ROOT / "tasks" / "flashattn_task_package")
+    cases = [c for c in select_cases(task, "cpu", 0, None, hidden=False) if c.label == "smoke-1"]
+    result = SandboxEvaluator(task, "cpu", cases, target_facts=True).evaluate(task.starter(Language.TRITON).source,
+                                                                              Language.TRITON)
+    assert result.status is Status.PASSED, result.reason
+    (kernel,) = result.cases[0].kernels
+    assert kernel.name == "_paged_decode_kernel" and kernel.target == "sm_90" and kernel.registers

@@ -144,6 +144,8 @@ def test_cuda_starter_compiles_and_is_unsupported_to_run_on_cpu(task):
     result = evaluator(task).evaluate(task.starter(Language.CUDA).source, Language.CUDA)
     assert result.status is Status.UNSUPPORTED
     assert "GPU" in result.reason
+    facts = result.cases[0].kernels  # what ptxas said of its sm_90 build, though it never ran
+    assert facts and all(k.target == "sm_90" and k.registers for k in facts), facts
 
 
 def test_case_list_parsing():

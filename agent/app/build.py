@@ -21,14 +21,15 @@ from optagent.task import TaskPackage, load_task
 
 def build_evaluator(task: TaskPackage, device: Device, cases: Optional[str], *, hidden: bool = True,
                     timeout_s: float = TIMEOUT_S, compiler: Optional[str] = None,
-                    keep_scratch: bool = False, profile: bool = False) -> Evaluator:
+                    keep_scratch: bool = False, profile: bool = False, target_facts: bool = False) -> Evaluator:
     """The sandboxed evaluator on ``cases`` (a --cases list; None: every contest case on a GPU, the
     smoke cases on the CPU), hidden cases added unless ``hidden`` is off. A bad list is a CaseListError.
-    ``profile``: each passing kernel also profiled under ncu (evaluation/profiler.py)."""
+    ``profile``: each passing kernel also profiled under ncu (evaluation/profiler.py). ``target_facts``: on a
+    CPU, Triton kernels also compiled for the target GPU for their compiler facts (worker/compiler_facts.py)."""
     chosen = choose_cases(task, device, cases, hidden=hidden)
     return SandboxEvaluator(task, device, chosen, timeout_s=timeout_s,
                             compiler=shlex.split(compiler) if compiler else None, keep_scratch=keep_scratch,
-                            profile=profile)
+                            profile=profile, target_facts=target_facts)
 
 
 def profile_notice(evaluator: Evaluator) -> str:
@@ -56,7 +57,7 @@ def build_pool(evaluator: Evaluator, jobs: Optional[int] = None, known: Optional
         task = evaluator.task
         spec = LaneSpec(task_name=task.root.name, task_digest=task.digest(), device=evaluator.device,
                         cases=evaluator.cases, timeout_s=evaluator.timeout_s, compiler=evaluator.compiler,
-                        profile=evaluator.profiler is not None, jobs=jobs)
+                        profile=evaluator.profiler is not None, target_facts=evaluator.target_facts, jobs=jobs)
         pool = RayPool(spec, pack_task(task.root), build_lane_pool, address=config.cluster_address)
         timed_on = None  # the known results were timed here, the cluster's actors are elsewhere
     else:
@@ -71,7 +72,7 @@ def build_lane_pool(spec, root: Path) -> Pool:
     from optagent.evaluation.pool import LocalPool
 
     evaluator = SandboxEvaluator(load_task(root), spec.device, spec.cases, timeout_s=spec.timeout_s,
-                                 compiler=spec.compiler, profile=spec.profile)
+                                 compiler=spec.compiler, profile=spec.profile, target_facts=spec.target_facts)
     return LocalPool(evaluator, jobs=spec.jobs, devices=[None])
 
 
@@ -88,7 +89,8 @@ def check_cluster(config: RunConfig) -> None:
 def run_evaluator(config: RunConfig, task: TaskPackage) -> Evaluator:
     """A run's evaluator, from its recorded config (the same on resume as at the start)."""
     return build_evaluator(task, config.device, config.cases, hidden=config.hidden, timeout_s=config.timeout_s,
-                           compiler=config.compiler, profile=config.profile)
+                           compiler=config.compiler, profile=config.profile,
+                           target_facts=config.planner in (PlannerKind.LLM, PlannerKind.EXTERNAL))  # who reads them
 
 
 def run_memory(store: RunStore) -> Memory:

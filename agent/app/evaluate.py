@@ -18,7 +18,7 @@ def evaluate(task: TaskPackage, source: str, language: Language, device: Device,
     """The sandboxed evaluation of `source` on `cases` (a bad list is a CaseListError, before anything
     runs); notice hears --profile's line (where ncu is, or that there is none) before the evaluation."""
     evaluator = build_evaluator(task, device, cases, hidden=hidden, timeout_s=timeout_s, compiler=compiler,
-                                keep_scratch=keep_scratch, profile=profile)
+                                keep_scratch=keep_scratch, profile=profile, target_facts=True)
     if profile:
         notice(profile_notice(evaluator))
     return evaluator.evaluate(source, language, progress=progress)

@@ -111,12 +111,15 @@ class SandboxEvaluator:
     def __init__(self, task: TaskPackage, device: Device, cases: list[CaseSpec], timeout_s: float = TIMEOUT_S,
                  compiler: Optional[list[str]] = None, keep_scratch: bool = False,
                  scratch_root: Optional[Path] = None, static_scan: bool = True, profile: bool = False,
-                 guard: bool = True):
+                 guard: bool = True, target_facts: bool = False):
         self.task, self.device, self.cases = task, Device(device), cases
         self.timeout_s, self.compiler, self.keep = timeout_s, compiler, keep_scratch
         self.scratch_root = scratch_root
         self.static_scan = static_scan  # off only in tests of the dynamic defences behind it
         self.guard = guard  # the in-process guard: off only in tests of the operating system's containment
+        # CPU mode, for whoever reads compiler facts (a model, a user): Triton kernels also compiled for the
+        # target GPU, a few seconds a candidate (worker/compiler_facts.py); the offline planner reads none
+        self.target_facts = target_facts
         isolation.mechanism()  # a bad OPTAGENT_ISOLATION, or a forced mechanism that does not work, fails here
         limits_for(device)  # and so does a bad OPTAGENT_MEMORY_LIMIT_GIB
         self.profiler = Profiler.found() if profile else None  # and a bad OPTAGENT_NCU
@@ -222,7 +225,7 @@ class SandboxEvaluator:
     def _job(self, mode: str, scratch: Path, nonce: str, **fields) -> Job:
         return Job(mode=mode, task_dir=str(self.task.root), device=self.device, cases=self.cases,
                    seed=secrets.randbits(40), nonce=nonce, scratch=str(scratch), timing=self.timing,
-                   compiler=self.compiler, guard=self.guard, **fields)
+                   compiler=self.compiler, guard=self.guard, target_facts=self.target_facts, **fields)
 
     def _judge(self, job: Job, relay: Optional[PipeRelay], control: Optional[Control] = None) -> WorkerRun:
         if relay:

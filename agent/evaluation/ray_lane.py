@@ -51,6 +51,7 @@ class LaneSpec(Record):
     timeout_s: float
     compiler: Optional[list[str]] = None
     profile: bool = False  # --profile: passing kernels also profiled under ncu, on the actor's node
+    target_facts: bool = False  # CPU mode: Triton kernels also compiled for the target GPU (compiler_facts.py)
     jobs: Optional[int] = None  # evaluations at once on the actor (None: the local pool's default for one lane)
 
 

@@ -179,7 +179,7 @@ def _claimed(job: Job, run: WorkerRun, error: Optional[WorkerError],
         elif isinstance(msg, CaseFailed):
             over = over_memory(msg.reason or "", run.isolation, job.device)  # e.g. at the module's import
             cases.append(CaseResult(status=Status.RUNTIME_ERROR if over else msg.status, reason=over or msg.reason,
-                                    **row))
+                                    kernels=msg.kernels, **row))
             stop = True
         else:
             t, g = msg.timing, msg.gpu

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from optagent.worker import bench, compiler_facts
+from optagent.worker import bench, compiler_facts, target_compile
 from optagent.worker.backends import CompileError, Refused, Unsupported, backend_for
 from optagent.worker.guard import lock_imports, watch_host_compute
 from optagent.worker.interpreter_faults import repair_interpreter
@@ -68,6 +68,8 @@ class Candidate:
         backend = backend_for(job.language, job.device, job.compiler, job.compile_timeout_s)
         if job.device is Device.CPU and job.language is Language.TRITON:
             repair_interpreter()  # the interpreter's own faults, mended before any candidate code exists
+            if job.target_facts:
+                target_compile.record_launches()  # the launches, to compile for the target GPU (self._facts)
         if job.guard:
             lock_imports(report=lambda why: chan.send(Integrity(reason=why)))
         chan.send(PhaseStarted(phase=Phase.COMPILING))
@@ -87,7 +89,7 @@ class Candidate:
                 fn = backend.load_fresh(f"{n}_{case.label}")
             except (CompileError, Unsupported) as e:
                 status = Status.UNSUPPORTED if isinstance(e, Unsupported) else Status.COMPILE_ERROR
-                chan.send(CaseFailed(case=case.label, status=status, reason=str(e)))
+                chan.send(CaseFailed(case=case.label, status=status, reason=str(e), kernels=self._facts(backend)))
                 return
             load_ms = (_load_clock() - t0) * 1e3
             samples = self._checked_runs(n, case, fn)
@@ -139,7 +141,13 @@ class Candidate:
         return True
 
     def _facts(self, backend) -> list:
-        return compiler_facts.collect(backend) if self.job.device is Device.CUDA else []
+        """What the compiler says of the kernels: as they ran on the GPU; on a CPU, as built for the target."""
+        if self.job.device is Device.CUDA:
+            return compiler_facts.collect(backend)
+        if self.job.language is Language.TRITON:
+            return target_compile.target_facts() if self.job.target_facts else []
+        return [k.model_copy(update={"target": f"sm_{compiler_facts.TARGET_ARCH}"})
+                for k in getattr(backend, "kernel_facts", [])]  # CUDA's sm_90 build (backends/cuda.py)
 
     def _baselines(self) -> None:
         rt, t = self.rt, self.job.timing

@@ -3,8 +3,10 @@
 Triton: from its compiled kernels' metadata (``n_regs``, ``n_spills``, ``metadata.shared``,
 ``metadata.num_warps``), found through the candidate module's jit functions after a case ran.
 CUDA: from ``ptxas -v`` (the backend adds ``-Xptxas -v`` to nvcc's compile step and keeps the
-facts beside the cached library) or ``cuobjdump -res-usage``. Only the parsing runs on a CPU;
-collection is on CUDA only (the compiled kernels are not built under Triton's interpreter).
+facts beside the cached library) or ``cuobjdump -res-usage``.
+
+On a machine without a GPU: Triton kernels are compiled for TARGET_ARCH by worker/target_compile.py;
+CUDA sources get theirs from the ``ptxas -v`` of the sm_90 build.
 
 Occupancy is the theoretical one, from the per-SM limits of Hopper (sm_90): resident warps over
 the 64 an SM can hold, given registers, shared memory and the block's threads.
@@ -22,6 +24,7 @@ from optagent.schema import KernelFacts
 REGS_PER_SM, MAX_WARPS_PER_SM, MAX_BLOCKS_PER_SM = 65536, 64, 32
 SMEM_PER_SM = 228 * 1024  # 227 KiB usable by one block, 1 KiB per block reserved
 REG_UNIT = 256  # registers are given to a warp in units of 256
+TARGET_ARCH = 90  # CPU mode's target: the kernels of a CPU run are compiled for Hopper
 
 _PTXAS_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
 _PTXAS_PROPS = re.compile(r"Function properties for (\S+)")
