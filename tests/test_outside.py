@@ -119,7 +119,7 @@ def test_step_mode_drives_a_run(tmp_path):
     fb = json.loads(round1.stdout)
     assert [s["status"] for s in fb["steps"]] == ["PASSED", "INCORRECT"]
     assert fb["status"] == "WAITING" and "# Task" in fb["next_prompt"]
-    assert "How a kernel is accepted" in fb["next_prompt"]  # the rules an LLM planner is told, told here too
+    assert "a kernel is accepted on correctness alone" in fb["next_prompt"]  # the rules an LLM planner is told, told here too
     again = _oa(tmp_path, "feedback", run_id, "--json")
     assert again.returncode == 0 and json.loads(again.stdout)["next_prompt"] == fb["next_prompt"]
     missing = _oa(tmp_path, "propose", run_id, str(tmp_path / "absent.py"))

@@ -47,10 +47,10 @@ def test_no_kernel_is_said_beside_the_scan():
 
 
 def test_the_system_prompt_states_the_scan_rules():
-    text = render("system", language="triton", gpu=None, on_cpu=True, allowed_imports=["math", "torch", "triton"],
+    text = render("system", language="triton", gpu=None, on_cpu=True, hidden_cases=True, allowed_imports=["math", "torch", "triton"],
                   scan=scan_rules(Language.TRITON), fence="python")
     assert "every violation named with its line" in text and "`__version__` is fine" in text
     assert "eval" in text and "torch.{backends, " in text and "nn," in text and "softmax" in text and "touches the timer" in text
-    cuda = render("system", language="cuda", gpu=None, on_cpu=False, allowed_imports=[],
+    cuda = render("system", language="cuda", gpu=None, on_cpu=False, hidden_cases=False, allowed_imports=[],
                   scan=scan_rules(Language.CUDA), fence="cuda")
     assert "scanned before it is compiled" in cuda and "runs other programs" in cuda

@@ -32,6 +32,7 @@ def test_a_model_plays_step_mode_in_the_prompts_own_format(tmp_path):
     pkg, runs = tiny_package(tmp_path / "pkg"), tmp_path / "runs"
     started = _oa(tmp_path, "run", str(pkg), "--device", "cpu", "--planner", "external", "--json")
     assert started.returncode == 0, started.stderr
+    assert "proposing" not in started.stderr  # nothing proposes: the outside agent does, later
     run_id = json.loads(started.stdout)["run_id"]
     prompt = json.loads(_oa(tmp_path, "feedback", run_id, "--json").stdout)["next_prompt"]
     # the reply format, with its markers, and how to hand a reply in
@@ -63,6 +64,7 @@ def test_a_model_plays_step_mode_in_the_prompts_own_format(tmp_path):
     assert source(runs, run_id, 2) == FAST
     # on the CPU the kernel to improve is the newest passing one: the feedback names it, propose applies to it
     assert "against the kernel above (step 2's)" in fb["next_prompt"]
+    assert "(other passing kernels: step 1)" in fb["next_prompt"]  # a FILE@STEP may build on the round's other one
 
     # a block that does not apply to the parent it names: an error with the nearest lines, nothing recorded
     stale = tmp_path / "stale.txt"
@@ -74,6 +76,15 @@ def test_a_model_plays_step_mode_in_the_prompts_own_format(tmp_path):
     assert both.returncode == 1 and "stale.txt: NOT READ" in both.stdout and "whole.md: read as" in both.stdout
     failing = _oa(tmp_path, "propose", run_id, f"{wider}@2")  # step 2 has no such launch line either
     assert failing.returncode == 2 and not (runs / run_id / "steps" / "0003").exists()
+    hinted = _oa(tmp_path, "propose", run_id, str(wider))  # the default parent (step 2): its blocks fit step 0's
+    assert hinted.returncode == 2 and f"Its blocks apply to step 0's kernel: hand it in as {wider}@0" in hinted.stderr
+    refused = _oa(tmp_path, "propose", run_id, f"{stale}@1", str(whole))  # one bad file refuses the round: said so
+    assert refused.returncode == 2 and "whole.md: read well, not evaluated either" in refused.stderr
+    wordy = tmp_path / "wordy.py"
+    wordy.write_text("IDEA: " + "a very long idea " * 10 + "\n" + NAIVE)
+    clipped = _oa(tmp_path, "propose", run_id, str(wordy), "--check")
+    assert clipped.returncode == 0 and "(cut to 120 characters: say it shorter)" in clipped.stdout
+    assert not (runs / run_id / "steps" / "0003").exists()
     notpassing = _oa(tmp_path, "propose", run_id, f"{wider}@7")
     assert notpassing.returncode == 2 and "parent 7 is not a passing step" in notpassing.stderr
 

@@ -16,7 +16,8 @@ from pydantic import BaseModel
 
 from optagent.integrity import python_syntax_error
 from optagent.llm.edits import EditError, apply_edits
-from optagent.llm.replies import NoKernelError, has_fence, idea_line, parse_edits, parse_reply, without_idea_lines
+from optagent.llm.replies import (IDEA_MAX_CHARS, NoKernelError, has_fence, idea_line, parse_edits, parse_reply,
+                                  without_idea_lines)
 from optagent.schema import Language
 
 
@@ -44,6 +45,8 @@ class HandIn(BaseModel):
                 ReadAs.FENCED: f"the whole file in a fenced code block (parent: {base})",
                 ReadAs.RAW: f"raw source (parent: {base})"}[self.read_as]
         idea = f"; IDEA: {self.idea}" if self.idea else "; no IDEA: line"
+        if self.idea.endswith("…"):  # llm/replies.py clips an idea to IDEA_MAX_CHARS: the tables show it so
+            idea += f" (cut to {IDEA_MAX_CHARS} characters: say it shorter)"
         return f"{self.label}: read as {what}{idea}"
 
 
@@ -88,22 +91,55 @@ def default_parent(store) -> Optional[int]:
     return round_parents(Trajectory.load(store), store.config, 1)[0]
 
 
+def _fits_elsewhere(text: str, steps: set[int], traj) -> list[int]:
+    """The passing steps (newest last) whose kernel a hand-in's SEARCH/REPLACE blocks apply to: the blocks were
+    likely written against one of them, and the hint saves a probe."""
+    try:
+        edits = parse_edits(text)
+    except NoKernelError:
+        return []
+    fits = []
+    for step in sorted(steps):
+        source = traj.sources.get(step)
+        if not edits or source is None:
+            continue
+        try:
+            if apply_edits(source, edits).strip() != source.strip():
+                fits.append(step)
+        except EditError:
+            continue
+    return fits
+
+
 def read_round(store, texts: list[str], ideas: Optional[list[str]], parents: list[Optional[int]],
                labels: list[str]) -> list[HandIn]:
-    """Every hand-in of a round read against its own parent (None: the feedback's); raises HandInError."""
+    """Every hand-in of a round read against its own parent (None: the feedback's). One that cannot be read
+    refuses the whole round: HandInError names every such file, and says the others read well but were not
+    evaluated either."""
     from optagent.runs.trajectory import Trajectory
 
     traj = Trajectory.load(store)
     passing = {s.index for s in traj.steps if s.result is not None and s.result.status.ok}
     fallback = default_parent(store)
-    out = []
+    out: list[HandIn] = []
+    errors: list[str] = []
     for i, (text, label) in enumerate(zip(texts, labels)):
         parent = parents[i] if parents[i] is not None else fallback
         if parents[i] is not None and parent not in passing:
-            raise HandInError(f"{label}: parent {parent} is not a passing step of run {store.config.run_id} "
-                              f"(passing: {', '.join(map(str, sorted(passing))) or 'none'})")
+            errors.append(f"{label}: parent {parent} is not a passing step of run {store.config.run_id} "
+                          f"(passing: {', '.join(map(str, sorted(passing))) or 'none'})")
+            continue
         base = traj.starter if parent is None else (traj.sources.get(parent) or traj.starter)
-        got = read_handin(label, text, parent, base, store.config.language)
+        try:
+            got = read_handin(label, text, parent, base, store.config.language)
+        except HandInError as e:
+            fits = [] if parents[i] is not None else _fits_elsewhere(text, passing - {parent}, traj)
+            hint = f"\n  Its blocks apply to step {fits[-1]}'s kernel: hand it in as {label}@{fits[-1]}" if fits else ""
+            errors.append(f"{e}{hint}")
+            continue
         given = (ideas[i] if ideas else "").strip()
         out.append(got.model_copy(update={"idea": given or got.idea}))
+    if errors:
+        fine = [f"{h.label}: read well, not evaluated either (the round was refused)" for h in out]
+        raise HandInError("\n".join(errors + fine))
     return out

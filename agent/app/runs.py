@@ -168,6 +168,10 @@ def next_prompt(store: RunStore, task: TaskPackage) -> str:
     if store.state() is None:
         raise RunError(f"{store.path}: the run has no state yet (its starter was never evaluated)")
     # the system message too: its rules and the reply format (the SEARCH/REPLACE markers) are what propose reads
-    system, user = build_messages(next_context(store, task), rules=prompt_rules(store.config, task),
-                                  hand_in={"run_id": store.config.run_id})
+    ctx = next_context(store, task)
+    # the other kernels a FILE@STEP may build on: after a round of several, "the newest" is one of many
+    passing = [a.index for a in ctx.attempts if a.result is not None and a.result.status.ok and a.source
+               and a.index != ctx.parent_step and a.index != 0]
+    system, user = build_messages(ctx, rules=prompt_rules(store.config, task),
+                                  hand_in={"run_id": store.config.run_id, "other_passing": passing[-5:]})
     return system["content"].rstrip("\n") + "\n\n" + user["content"]

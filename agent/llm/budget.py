@@ -1,10 +1,12 @@
 """What the prompt keeps of past attempts, so that a round of failed full rewrites does not fill it.
 
 - A failed attempt's change is shown as a diff against its own parent only when it is small
-  (SMALL_DIFF changed lines); a larger one is "rewritten, N lines": a 130-line diff of a whole
+  (SMALL_DIFF changed lines); a larger one is "a rewrite, N lines changed": a 130-line diff of a whole
   new file teaches less than its error does, and costs thousands of tokens.
 - A failure identical to an earlier one shown (same status, same message up to its numbers) is
   one line naming that one.
+- A long module docstring of the kernel to improve is folded to its first line: the code says the same,
+  and a SEARCH part never needs it (blocks apply to the real file, docstring and all).
 - A failure is dropped from the details once a later attempt on the same line of work (made from its
   parent, or from a kernel derived from it) passed with much the same code (SIMILAR): it was fixed,
   its error is history. The ledger still lists it.
@@ -12,6 +14,7 @@
 
 from __future__ import annotations
 
+import ast
 import difflib
 import re
 from typing import Any, Optional
@@ -21,6 +24,7 @@ from optagent.runs.view import Attempt
 SMALL_DIFF = 40  # changed lines (+ and -) that are still shown as a diff
 SIMILAR = 0.7  # share of lines in common that makes a later passing kernel a fix of a failed one
 DIFF_CONTEXT = 2
+DOCSTRING_LINES = 6  # a module docstring longer than this is folded in the kernel shown
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?", re.IGNORECASE)
 
 
@@ -33,9 +37,27 @@ def change(parent: Optional[str], child: Optional[str]) -> dict[str, str]:
                                       n=DIFF_CONTEXT, lineterm=""))
     changed = sum(1 for ln in lines if ln[:1] in "+-" and not ln.startswith(("+++", "---")))
     if changed > SMALL_DIFF:
-        return {"diff": "", "rewritten": f"rewritten, {len(child.splitlines())} lines ({changed} lines changed "
-                                         f"against its parent's {len(parent.splitlines())}; no diff shown)"}
+        return {"diff": "", "rewritten": f"a rewrite, {changed} lines changed ({len(parent.splitlines())} -> "
+                                         f"{len(child.splitlines())} lines; no diff shown)"}
     return {"diff": "\n".join(lines), "rewritten": ""}
+
+
+def fold_docstring(source: str) -> str:
+    """A Python kernel with a long module docstring folded to its first line (the rest named, not shown);
+    anything else unchanged."""
+    try:
+        body = ast.parse(source).body
+    except (SyntaxError, ValueError):
+        return source
+    first = body[0] if body else None
+    if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+            and first.end_lineno is not None and first.end_lineno - first.lineno + 1 > DOCSTRING_LINES):
+        return source
+    lines = source.splitlines(keepends=True)
+    head = first.value.value.strip().splitlines()[0].strip().replace('"', "'")
+    cut = first.end_lineno - first.lineno
+    folded = f'"""{head} (the rest of this docstring, {cut} lines, is not shown)"""\n'
+    return "".join(lines[:first.lineno - 1] + [folded] + lines[first.end_lineno:])
 
 
 def failed(a: Attempt) -> bool:

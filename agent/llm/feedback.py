@@ -13,8 +13,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from optagent.integrity import (ALLOWED_DUNDERS, CUDA_FORBIDDEN, FORBIDDEN_ATTRS, FORBIDDEN_NAMES, TORCH_FORBIDDEN,
-                                TORCH_MATH)
+from optagent.integrity import CUDA_FORBIDDEN, FORBIDDEN_ATTRS, FORBIDDEN_NAMES, TORCH_FORBIDDEN
 from optagent.runs.view import Attempt
 from optagent.schema import EvalResult, Language, Status, StepOutcome
 
@@ -81,8 +80,7 @@ def scan_rules(language: Language) -> dict[str, Any]:
     """The static scan's rules (integrity.py), stated before a rejection costs an attempt."""
     if language is Language.CUDA:
         return {"cuda": sorted(set(CUDA_FORBIDDEN.values()))}
-    return {"cuda": [], "names": sorted(FORBIDDEN_NAMES), "dunders": sorted(ALLOWED_DUNDERS),
-            "torch_forbidden": sorted(TORCH_FORBIDDEN), "torch_math": sorted(TORCH_MATH),
+    return {"cuda": [], "names": sorted(FORBIDDEN_NAMES), "torch_forbidden": sorted(TORCH_FORBIDDEN),
             "attrs": sorted(set(FORBIDDEN_ATTRS.values()))}
 
 
@@ -204,5 +202,6 @@ def kernel_lines(result: EvalResult) -> list[str]:
                      f"{k.shared_bytes / 1024:.1f} KiB shared" if k.shared_bytes is not None else None,
                      f"{k.warps} warps" if k.warps else None, f"{k.stages} stages" if k.stages else None,
                      f"occupancy {k.occupancy:.0%}" if k.occupancy is not None else None]
-            seen[k.name] = f"{k.name} ({k.source}): " + ", ".join(p for p in parts if p)
+            built = f"{k.source}, built for {k.target}, not run" if k.target else k.source
+            seen[k.name] = f"{k.name} ({built}): " + ", ".join(p for p in parts if p)
     return list(seen.values())

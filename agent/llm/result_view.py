@@ -8,7 +8,7 @@ from typing import Any, Optional
 from optagent.llm import feedback as fb
 from optagent.llm.profile_view import profile_rows
 from optagent.ranking import timings_rank
-from optagent.schema import EvalResult, FloorKind, Status
+from optagent.schema import CaseKind, EvalResult, FloorKind, Status
 
 _ERROR_LINES, _ERROR_CHARS = 40, 3000
 _LOG_LINES = 30
@@ -50,8 +50,19 @@ def case_rows(result: EvalResult) -> list[dict[str, str]]:
             "tolerance": num(c.tolerance, ".1e"),
             "rel_err": num(c.rel_err, ".1e"),
         }
-        for c in result.cases
+        for c in result.cases if c.kind is not CaseKind.HIDDEN
     ]
+
+
+def hidden_summary(result: EvalResult) -> Optional[dict[str, Any]]:
+    """The hidden cases as one line (their sizes are not shown, so a row each says little): how many, how
+    many passed, and the largest error among them."""
+    hidden = [c for c in result.cases if c.kind is CaseKind.HIDDEN]
+    if not hidden:
+        return None
+    errors = [c.rel_err for c in hidden if c.rel_err is not None]
+    return {"count": len(hidden), "passed": sum(c.status is Status.PASSED for c in hidden),
+            "max_err": num(max(errors) if errors else None, ".1e")}
 
 
 def columns(rows: list[dict[str, str]], on_cpu: bool) -> dict[str, bool]:
@@ -78,6 +89,7 @@ def result_view(result: Optional[EvalResult], source: Optional[str] = None,
         "device_name": result.device_name or result.device,
         "baseline_label": result.baseline_label or "the package's baseline",
         "rows": case_rows(result),
+        "hidden": hidden_summary(result),
         "floor_estimated": any(c.floor_kind is FloorKind.ESTIMATE and c.pct_of_floor for c in result.cases),
         "columns": columns(case_rows(result), not timings_rank(results=[result])),
         "groups": fb.failing_groups(result),

@@ -20,7 +20,7 @@ from optagent import waits
 from optagent.text import first_line
 from optagent.progress import Phase, Progress, ProgressSink, Subject
 from optagent.protocols import Memory, Planner, PlannerExhausted, PlannerWaiting, Pool, PoolJob
-from optagent.schema import BestRef, EvalResult, Proposal, RunState, RunStatus, Step, StepOutcome, now
+from optagent.schema import BestRef, EvalResult, PlannerKind, Proposal, RunState, RunStatus, Step, StepOutcome, now
 from optagent.runs import view
 from optagent.search import accept, rounds
 from optagent.runs.store import RunStore
@@ -136,7 +136,7 @@ class Loop:
         width = min(self.limits.width, self.limits.max_steps - traj.candidates,
                     rounds.affordable(self.limits.budget_usd, self.state.usage.cost_usd, traj.candidates))
         start, round_no = traj.next_index, traj.next_round
-        if self.progress:
+        if self.progress and getattr(self.planner, "name", None) is not PlannerKind.EXTERNAL:  # it proposes by hand, later
             self.progress(Progress(phase=Phase.PROPOSING, step=start))
         ctxs = view.contexts(self.task, self.config, traj, start, rounds.round_parents(traj, self.config, width),
                                self._recall())

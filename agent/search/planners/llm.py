@@ -23,7 +23,7 @@ from optagent.llm.prompts import render
 from optagent.search.planners.memory_view import memory_view
 from optagent.protocols import LLM
 from optagent.runs.view import Attempt, PlannerContext
-from optagent.schema import Language, PlannerKind, Proposal, StepOutcome, Usage
+from optagent.schema import CaseKind, Language, PlannerKind, Proposal, StepOutcome, Usage
 
 RECENT_ATTEMPTS = 5  # attempts shown in detail; older ones only in the ledger
 LEDGER_MAX = 60
@@ -51,7 +51,7 @@ def _attempt_view(a: Attempt, attempts: list[Attempt], starter: str, same_as: Op
     if same_as or (a.result is not None and fb.failing_groups(a.result)):  # the groups below say it, per case
         error = ""
     return {"index": a.index, "idea": a.idea, "outcome": a.outcome, "error": error,
-            "effect": _effect(a), "result": result_view(a.result, a.source, a.hidden_failed),
+            "parent": "-" if a.parent is None else a.parent, "effect": _effect(a), "result": result_view(a.result, a.source, a.hidden_failed),
             "same_as": same_as, "summary": budget.summary_line(a) if same_as else None,
             "diff": shown["diff"], "rewritten": shown["rewritten"], "retime_note": a.retime_note or ""}
 
@@ -99,7 +99,8 @@ def prompt_vars(ctx: PlannerContext, feedback: str = "", whole_file: bool = Fals
         "contract": ctx.contract.strip(),
         "language": ctx.language.value,
         "fence": ctx.language.fence,
-        "best_source": ctx.best_source.rstrip("\n"),
+        "best_source": (budget.fold_docstring(ctx.best_source) if ctx.language is not Language.CUDA
+                        else ctx.best_source).rstrip("\n"),
         "best_is_starter": ctx.best_source.strip() == ctx.starter_source.strip(),
         "best": result_view(ctx.best_result),
         "gpu": ctx.gpu,
@@ -108,6 +109,8 @@ def prompt_vars(ctx: PlannerContext, feedback: str = "", whole_file: bool = Fals
         "ledger_cut": max(0, len(tried) - LEDGER_MAX),
         "ledger_summary": fb.ledger_summary(tried[:-LEDGER_MAX] if len(tried) > LEDGER_MAX else []),
         "recent": recent,
+        # every attempt is in the details below (with its parent): the table would say it twice
+        "ledger_in_detail": len(tried) <= LEDGER_MAX and {a.index for a in tried} <= {r["index"] for r in recent},
         "rules": rules.view(),
         "device": fb.run_device(rules, ctx.attempts),
         "retime_notes": fb.retime_notes(ctx.attempts),
@@ -117,6 +120,8 @@ def prompt_vars(ctx: PlannerContext, feedback: str = "", whole_file: bool = Fals
         "memory": memory_view(ctx.memory),
         "tree": _tree_view(ctx),
         "on_cpu": on_cpu(ctx),
+        # only where the run has them: a package without a manifest has none, and the prompt must not promise them
+        "hidden_cases": any(c.kind is CaseKind.HIDDEN for c in (ctx.best_result.cases if ctx.best_result else [])),
         "hand_in": hand_in,
         # the static scan's rule, told before a rejection costs a step (a model met it only after one)
         "allowed_imports": sorted(ALLOWED_IMPORTS - {"__future__"}) if ctx.language is not Language.CUDA else [],
