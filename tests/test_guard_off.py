@@ -59,6 +59,11 @@ def nothing_outside(result: EvalResult, tmp: Path) -> Optional[str]:
     return f"written outside the scratch directory: {left}" if left else None
 
 
+def native_thread_caught(result: EvalResult, tmp: Path) -> Optional[str]:
+    caught = result.status is Status.REJECTED and "native thread(s) running" in (result.reason or "")
+    return None if caught else f"the spinning thread was not named: {result.status.value}: {result.reason}"
+
+
 def no_escape(result: EvalResult, tmp: Path) -> Optional[str]:
     return None if result.status is Status.PASSED else f"escaped: {result.reason}"
 
@@ -73,6 +78,8 @@ CONTAINED: dict[str, list[Callable[[EvalResult, Path], Optional[str]]]] = {
     "os_exit": [not_passed], "read_env": [no_key], "read_parent_env": [no_key], "scan_environ": [no_key],
     "torch_decoy": [not_passed], "forge_result": [not_passed], "forge_with_nonce": [not_passed],
     "mutate_input_unchecked": [not_passed], "records_dup2_relay": [not_passed], "ns_escape": [no_escape],
+    # a thread with no Python state (pthread_create on machine code), still spinning after the call: x86-64
+    "native_thread": [native_thread_caught],
 }
 
 

@@ -95,6 +95,7 @@ STATIC = {
     "torch_only": r"defines no triton kernel", "torch_decoy": r"computes with PyTorch on the host",
     # timer tricks
     "side_thread": r"imports threading", "side_thread_lowlevel": r"imports _thread", "side_stream": r"side stream",
+    "native_thread": r"imports ctypes",
     "patch_perf_counter": r"imports time", "patch_cuda_event": r"patches torch\.cuda",
     "patch_bench_clock": r"torch\.sys", "obf_alias_event": r"cuda\.Event",
     # harness attacks, plain and obfuscated

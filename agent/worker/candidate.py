@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from optagent.worker import bench, compiler_facts, target_compile
+from optagent.worker import bench, compiler_facts, target_compile, tasks
 from optagent.worker.backends import CompileError, Refused, Unsupported, backend_for
 from optagent.worker.guard import lock_imports, watch_host_compute
 from optagent.worker.interpreter_faults import repair_interpreter
@@ -80,7 +80,7 @@ class Candidate:
             chan.send(Compiled(status=status, reason=str(e)))
             return
         chan.send(Compiled(status=Status.PASSED))
-        threads = _threads()
+        threads = (_threads(), tasks.native_threads())  # Python's view, and the kernel's (worker/tasks.py)
         checked = []  # (n, case, samples, load_ms) of the cases still to time
         for n, case in enumerate(job.cases):
             chan.send(CaseStart(case=case.label))
@@ -133,10 +133,16 @@ class Candidate:
         self.chan.send(Hello(baseline_label=rt.baseline_label, device_name=name, gpu=facts,
                              import_s=time.monotonic() - STARTED))
 
-    def _no_new_threads(self, before: set[int]) -> bool:
+    def _no_new_threads(self, before: tuple[set[int], set[int]]) -> bool:
         self.sync()
-        if _threads() - before:
+        python, native = before
+        if _threads() - python:
             self.chan.send(Integrity(reason="left background threads running after run_kernel returned"))
+            return False
+        busy = tasks.busy_new_threads(native)
+        if busy:
+            self.chan.send(Integrity(reason=f"left {len(busy)} native thread(s) running after run_kernel returned "
+                                            f"(busy on a CPU through a {tasks.WINDOW_S * 1e3:.0f} ms window)"))
             return False
         return True
 
