@@ -213,3 +213,15 @@ def test_a_cpu_prompt_states_the_cpu_rule_and_no_interpreter_speedups() -> None:
     assert "each attempt builds on the newest passing one" in user and "sm_90" in user  # the target, named
     gpu = _user(_ctx([]))
     assert "more than 1% below the best's" in gpu and "on this CPU run" not in gpu
+
+
+def test_the_system_message_promises_hidden_cases_only_where_the_run_has_them() -> None:
+    """A manifest-less package has no hidden cases: a model told they check other shapes relied on them."""
+    without = build_messages(_ctx([]), rules=RULES)[0]["content"]
+    assert "hidden cases" not in without and "nothing else checks other shapes" in without
+    hidden = CaseResult(case="hidden-1", kind=CaseKind.HIDDEN, status=Status.PASSED)
+    ctx = _ctx([])
+    ctx.best_result = _result(Status.PASSED, None, [_passed("1", 10.0), hidden])
+    system, user = (m["content"] for m in build_messages(ctx, rules=RULES))
+    assert "on hidden cases with other shapes" in system
+    assert "| hidden-1 |" not in user and "Hidden cases (other shapes, not shown): 1 of 1 passed" in user
