@@ -81,4 +81,4 @@ def test_pick_language_returns_the_starters_it_timed():
     assert set(results) == {Language.TRITON, Language.CUDA} and round(results[lang].geomean_time_us, 6) == 120.0
     assert sorted(ev.calls, key=str) == sorted([Language.TRITON, Language.CUDA], key=str)
     lang, why, results = pick_language(task, Device.CUDA, "cuda", lambda: ev, lambda line: None)
-    assert (lang, why, results) == (Language.CUDA, "--language", {})
+    assert (lang, why, results) == (Language.CUDA, "chosen with --language", {})

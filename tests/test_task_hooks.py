@@ -86,8 +86,9 @@ def test_optional_hooks_may_be_left_out(tmp_path):
 
     bare = HOOKS[:HOOKS.index("def bytes_moved")]  # make_case and reference only
     found = probe_task(load_task(tiny_package(tmp_path / "pkg", hooks=bare)))
-    # no describe: the first two shapes; no bytes_moved: no floor
-    assert [(r.sizes, r.bytes) for r in found.extra] == [("4096 4096", None), ("1000 1000", None)]
+    # no describe: each argument under the contract's name; no bytes_moved: no floor
+    assert [(r.sizes, r.bytes) for r in found.extra] == [("x 4096, out 4096, n=4096", None),
+                                                          ("x 1000, out 1000, n=1000", None)]
 
 
 def test_a_missing_required_hook_is_named_by_validate(tmp_path):

@@ -35,7 +35,7 @@ def pick_language(task: TaskPackage, device: Device, wanted: Optional[str],
     if wanted:
         lang = Language(wanted)
         task.starter(lang)  # raises a one-line TaskError when there is none
-        return lang, "--language", {}
+        return lang, "chosen with --language", {}
     usable = [lang for lang in task.languages if runs_here(lang, device)]
     if not usable:
         raise UserError(f"{task.root}: no starter language runs on {device.value} (have: "

@@ -164,8 +164,21 @@ class TaskRuntime:
         told = self.hooks.describe(args) if self.hooks is not None else None
         if told is not None:
             return told
-        shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
-        return " ".join("x".join(map(str, s)) for s in shapes[:2])
+        return describe_args(args, self.task.arg_names)
+
+
+def describe_args(args: list, names: list[str], most: int = 6) -> str:
+    """A case's arguments as the prompt's sizes column shows them: each tensor's shape and each number, under
+    the contract's names ("q 2x32x128, positions 2, eps=1e-06"), the first `most` of them."""
+    if len(names) != len(args):
+        names = [f"#{i}" for i in range(len(args))]
+    parts = []
+    for name, a in zip(names, args):
+        if isinstance(a, torch.Tensor):
+            parts.append(f"{name} {'x'.join(map(str, a.shape)) or 'scalar'}")
+        elif isinstance(a, (bool, int, float)):
+            parts.append(f"{name}={a:g}" if isinstance(a, float) else f"{name}={a}")
+    return ", ".join(parts[:most]) + (", ..." if len(parts) > most else "")
 
 
 SMOKE_ROWS = 64  # rows of a cut case at most: the interpreter runs a program (often a row) at a time

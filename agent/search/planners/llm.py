@@ -39,7 +39,8 @@ def _effect(a: Attempt) -> str:
         return "no kernel" if a.outcome == StepOutcome.NO_KERNEL.value else (a.error or "-").split("\n")[0][:80]
     if a.result.status.ok:
         return "" if not timings_rank(results=[a.result]) else f"{num(a.result.geomean_speedup, '.3f')}x geomean"
-    return a.result.status.value
+    why = (a.result.reason or "").split("\n")[0]  # a short why: only the last few attempts keep their details
+    return a.result.status.value + (f" ({why[:70]}{'...' if len(why) > 70 else ''})" if why else "")
 
 
 def _attempt_view(a: Attempt, attempts: list[Attempt], starter: str, same_as: Optional[int] = None
