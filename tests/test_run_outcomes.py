@@ -148,6 +148,9 @@ def test_an_unreachable_endpoint_is_one_line_and_quick(tmp_path, task_dir, how):
     url = f"http://127.0.0.1:{closed_port()}/v1"
     runs = tmp_path / "runs"
     start = time.monotonic()
+    optagent("runs", runs=runs)  # what starting the program costs on this host now (a loaded CI machine: seconds)
+    startup = time.monotonic() - start
+    start = time.monotonic()
     if how == "option":
         proc = optagent("run", str(task_dir), "--planner", "llm", "--base-url", url, "--model", "m", runs=runs)
     else:  # --planner auto picks the LLM planner from the environment
@@ -155,7 +158,7 @@ def test_an_unreachable_endpoint_is_one_line_and_quick(tmp_path, task_dir, how):
     elapsed = time.monotonic() - start
     line = one_line_error(proc)
     assert f"{url}/models: cannot reach the LLM endpoint" in line and "refused" in line.lower()
-    assert elapsed < 10 and no_run_left(runs)
+    assert elapsed < startup + 8 and no_run_left(runs)  # no retries: one refused connection, one line
 
 
 def test_a_refused_key_is_one_line(tmp_path, task_dir, server):
