@@ -97,7 +97,6 @@ def drive(store: RunStore, task: TaskPackage, planner: Planner, pool: Pool, *,
         pool.close()
         raise
     try:
-        before = {s.index for s in store.steps()}
         memory = run_memory(store)
         on_start(memory)
         limits = Limits(min_gain=cfg.min_gain, patience=cfg.patience, max_steps=cfg.max_steps,
@@ -107,7 +106,7 @@ def drive(store: RunStore, task: TaskPackage, planner: Planner, pool: Pool, *,
     finally:
         pool.close()
         store.unlock()
-    return Driven(state, [s for s in loop.trajectory.steps if s.index not in before])
+    return Driven(state, [s for s in loop.trajectory.steps if s.index not in loop.loaded])
 
 
 def preflight(task: TaskPackage, config: RunConfig) -> Planner:

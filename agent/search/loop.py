@@ -82,6 +82,7 @@ class Loop:
         self.config = store.config
         self.started = time.monotonic()
         self.trajectory: Optional[Trajectory] = None  # read in run()
+        self.loaded: set[int] = set()  # the steps recorded before this run: what it added is the rest
         self.state = RunState(status=RunStatus.RUNNING, steps=0)
         self._best_changed = False  # by the step being committed: written with its record
         self._failures, self._last_failure = 0, ""  # consecutive planner errors
@@ -89,6 +90,7 @@ class Loop:
     def run(self) -> RunState:
         self.store.remove_leftovers()
         traj = self.trajectory = Trajectory.load(self.store)
+        self.loaded = {s.index for s in traj.steps}
         if traj.cache_stale:  # killed between a commit and the best/ cache it changed
             self.store.save_best(traj.best.source, traj.best.result)
         state = self.store.state() or self.state
