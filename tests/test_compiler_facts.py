@@ -212,3 +212,18 @@ def test_a_cpu_evaluation_reports_the_starters_facts_for_the_target():
     assert result.status is Status.PASSED, result.reason
     (kernel,) = result.cases[0].kernels
     assert kernel.name == "_paged_decode_kernel" and kernel.target == "sm_90" and kernel.registers
+
+
+def test_a_compile_for_the_target_that_would_not_end_is_cut_off():
+    """ptxas on a huge kernel can take minutes: the facts' deadline interrupts the wait (a subprocess here)."""
+    import subprocess
+    import time
+
+    from optagent.worker.target_compile import _deadline, _Overdue
+
+    start = time.monotonic()
+    with pytest.raises(_Overdue):
+        with _deadline(0.3):
+            subprocess.run(["sleep", "5"])
+    assert time.monotonic() - start < 2.0
+    time.sleep(0.5)  # and the alarm is gone once the block is left

@@ -198,6 +198,33 @@ def _compile_for_target(fn: Any, signature: dict, constexprs: dict, attrs: dict,
                        target=f"sm_{TARGET_ARCH}")
 
 
+class _Overdue(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float) -> Iterator[None]:
+    """An exception in this (the main) thread once `seconds` pass: ptxas on a huge unrolled kernel can take
+    minutes, and facts must not cost a case its time limit. Elsewhere than the main thread: no deadline."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def overdue(signum, frame):
+        raise _Overdue(f"the compile for the target took over {seconds:.0f} s")
+
+    before = signal.signal(signal.SIGALRM, overdue)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.1))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+
+
 def target_facts() -> list[KernelFacts]:
     """The launches seen so far, compiled for TARGET_ARCH (each specialisation once, within the process's
     allowance); [] where Triton cannot. Never fails a case: facts are for the planner, not the verdict."""
@@ -208,8 +235,9 @@ def target_facts() -> list[KernelFacts]:
                 continue
             t0 = time.monotonic()
             try:
-                _LAUNCHES.facts[key] = _compile_for_target(fn, signature, constexprs, attrs, options)
-            except Exception:
+                with _deadline(TARGET_COMPILE_S - _LAUNCHES.spent_s):
+                    _LAUNCHES.facts[key] = _compile_for_target(fn, signature, constexprs, attrs, options)
+            except Exception:  # the deadline's too: a compile that would not end costs the allowance, not the case
                 _LAUNCHES.facts[key] = None
             _LAUNCHES.spent_s += time.monotonic() - t0
         facts = _LAUNCHES.facts[key]
