@@ -164,3 +164,13 @@ def test_extract_idea(reply, idea):
 def test_extract_idea_is_clipped():
     idea = extract_idea("IDEA: " + "x" * 300)
     assert len(idea) == 120 and idea.endswith("…")
+
+
+def test_a_quoted_search_line_keeps_its_own_indentation_behind_a_margin():
+    """A model counted the quote's indent as its own (25 spaces where it wrote 21): the quote has a margin."""
+    from optagent.llm.edits import EditError, apply_edits
+    from optagent.llm.replies import parse_edits
+
+    with pytest.raises(EditError) as e:
+        apply_edits("def f():\n    x = 1\n", parse_edits("<<<<<<< SEARCH\n     x = 2\n=======\n    x = 3\n>>>>>>> REPLACE\n"))
+    assert "\n  |      x = 2\n" in str(e.value)  # "  | " then the five spaces the SEARCH line has

@@ -66,10 +66,12 @@ def nearest_lines(source: str, search: str) -> str:
 
 
 def _quote(text: str) -> str:
+    """SEARCH text as quoted in an error: behind a "| " margin, so that its own indentation reads as it is (an
+    indent of four spaces read as part of the line: a model counted 25 spaces where it wrote 21)."""
     lines = text.split("\n")
     shown = lines[:_SHOW_MAX_LINES]
-    more = f"\n    ... ({len(lines) - len(shown)} more lines)" if len(lines) > len(shown) else ""
-    return "\n".join("    " + line for line in shown) + more
+    more = f"\n  ... ({len(lines) - len(shown)} more lines)" if len(lines) > len(shown) else ""
+    return "\n".join("  | " + line for line in shown) + more
 
 
 def _trim_blank_edges(search: list[str], replace: list[str]) -> tuple[list[str], list[str]]:
