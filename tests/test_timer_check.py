@@ -145,7 +145,8 @@ def test_the_moved_work_reference_is_the_lane_baseline_jobs_when_the_pool_timed_
 def test_cpu_allows_the_interpreters_noise_but_not_a_kernels_worth():
     cpu = JOB.model_copy(update={"device": Device.CPU})
     assert honest(eager_after=15_000.0).check(job=cpu).moved is None  # 14.6 ms over a 0.4 ms reference
-    assert "moved out" in (honest(eager_after=40_000.0).check(job=cpu).moved or "")
+    assert honest(eager_after=90_000.0).check(job=cpu).moved is None  # a loaded host's 90 ms: the trial's case
+    assert "moved out" in (honest(eager_after=140_000.0).check(job=cpu).moved or "")
 
 
 def test_an_interval_shorter_than_the_timed_calls_themselves_is_not_moved_work():
