@@ -112,6 +112,7 @@ def test_integer_output_is_compared_exactly():
     bad = evaluate("greedy_argmax", wrong, 1, 32000)
     assert bad.status is Status.INCORRECT
     assert "argument 1 (next_ids): 1 of 1 int64 elements differ from the baseline's" in bad.reason
+    assert bad.cases[0].rel_err and bad.cases[0].rel_err > 0  # the error column of a wrong index is not 0.0
 
 
 # Right on the package's own inputs (its first call) and on smooth random floats (no ties), wrong

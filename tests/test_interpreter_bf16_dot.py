@@ -83,7 +83,7 @@ def test_probe_finds_the_truncating_bf16_store_and_the_repair_rounds_to_nearest_
     assert done.returncode == 0, done.stderr[-2000:]
     fault, repaired, wrong = done.stdout.strip().split("\n")
     assert fault.startswith("Triton 3.6's interpreter truncates float32 -> bf16"), fault
-    assert repaired == "2" and wrong == "0"
+    assert repaired == "3" and wrong == "0"  # the dot's, the rounding's and bf16 math's (below)
 
 
 def test_an_exact_bf16_residual_sum_passes_on_cpu():
@@ -96,3 +96,63 @@ def test_an_exact_bf16_residual_sum_passes_on_cpu():
     wrong = starter.replace("(x + r).to(tl.bfloat16)", "(x + r + 0.01).to(tl.bfloat16)")
     bad = evaluator.evaluate(wrong, Language.TRITON)
     assert bad.status is Status.INCORRECT and "h = x + residual mismatch" in bad.reason, bad.reason
+
+
+BF16_MATH = r'''
+import json, os
+os.environ["TRITON_INTERPRET"] = "1"
+import torch, triton, triton.language as tl
+from optagent.worker import interpreter_faults as f
+
+fault = f.bf16_math_fault()
+repaired = f.repair_interpreter()
+
+@triton.jit
+def running_max(x_ptr, best_ptr, idx_ptr, n, BLOCK: tl.constexpr):
+    # a greedy-argmax with its running maximum kept in bf16 (what a model wrote, and lost to the interpreter)
+    best = tl.full([BLOCK], float("-inf"), tl.bfloat16)
+    best_i = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, n, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + offs, mask=offs < n, other=float("-inf"))
+        better = x > best
+        best = tl.where(better, x, best)
+        best_i = tl.where(better, offs, best_i)
+    m = tl.max(best, axis=0)
+    tl.store(best_ptr, m)
+    tl.store(idx_ptr, tl.min(tl.where(best == m, best_i, n), axis=0))
+
+@triton.jit
+def axpy(x_ptr, y_ptr, o_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    x, y = tl.load(x_ptr + offs), tl.load(y_ptr + offs)
+    tl.store(o_ptr + offs, x * y + 0.5 - tl.minimum(x, y))
+
+gen = torch.Generator().manual_seed(3)
+x = torch.randn(1000, generator=gen).to(torch.bfloat16)
+best, idx = torch.empty(1, dtype=torch.bfloat16), torch.empty(1, dtype=torch.int32)
+running_max[(1,)](x, best, idx, 1000, BLOCK=64)
+a, b = torch.randn(64, generator=gen).to(torch.bfloat16), torch.randn(64, generator=gen).to(torch.bfloat16)
+o = torch.empty(64, dtype=torch.bfloat16)
+axpy[(1,)](a, b, o, N=64)
+want = (a * b + 0.5) - torch.minimum(a, b)  # PyTorch's bf16: each step in float32, rounded to bf16
+print(json.dumps({"fault": fault, "repaired": repaired, "max": float(best), "want_max": float(x.max()),
+                  "idx": int(idx), "want_idx": int(x.float().argmax()),
+                  "same": bool(torch.equal(o, want))}))
+'''
+
+
+@FAULTY_TRITON
+def test_bf16_elementwise_math_is_repaired_on_the_interpreter(tmp_path):
+    """Triton 3.6's interpreter adds and compares bf16 values as their raw 16-bit patterns and has no bf16
+    constant: a model's bf16 running maximum failed on the CPU alone. Computed in float32 and rounded back."""
+    import json
+
+    script = tmp_path / "bf16_math_probe.py"  # a file: Triton reads a jit function's source
+    script.write_text(BF16_MATH)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["fault"] and "raw 16-bit patterns" in got["fault"] and len(got["repaired"]) == 3
+    assert got["max"] == got["want_max"] and got["idx"] == got["want_idx"]
+    assert got["same"]  # each step rounded to bf16 as PyTorch (and a GPU) does

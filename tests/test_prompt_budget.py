@@ -66,3 +66,19 @@ def test_a_round_of_three_failed_rewrites_costs_under_half_the_old_prompt():
     # hidden cases as one line, no row each; no CPU times; the target named; the case table kept
     assert "| hidden-1 |" not in user and "Hidden cases (other shapes, not shown): 4 of 4 passed" in user
     assert "time_us" not in user and "sm_90" in user and "- 12: 16x1x8x128" in user
+
+
+def test_a_failure_is_dropped_only_when_a_later_round_fixed_it():
+    """A sibling of the same round that passed with similar code was written beside the failure, not as its fix:
+    a model lost the newest failure's details that way (step 9 INCORRECT, step 10 of the same round PASSED)."""
+    from optagent.llm.budget import superseded
+
+    task = load_task(ROOT / "tasks" / "flashattn_task_package")
+    starter = task.starter(Language.TRITON).source
+    broken, fixed = _rewrite(starter, 1), _rewrite(starter, 1).replace("# scale applied later", "# scaled")
+    base = Attempt(0, "starter", "BASELINE", None, _result(Status.PASSED, 1e-3), starter, round=0)
+    failed = Attempt(1, "tile 32", "FAILED", None, _result(Status.INCORRECT, 2.0), broken, parent=0, round=1)
+    sibling = Attempt(2, "tile 32, scaled", "PASSED", None, _result(Status.PASSED, 1e-3), fixed, parent=0, round=1)
+    assert not superseded(failed, [base, failed, sibling])
+    later = Attempt(2, "tile 32, scaled", "PASSED", None, _result(Status.PASSED, 1e-3), fixed, parent=0, round=2)
+    assert superseded(failed, [base, failed, later])

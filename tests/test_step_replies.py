@@ -64,7 +64,8 @@ def test_a_model_plays_step_mode_in_the_prompts_own_format(tmp_path):
     assert source(runs, run_id, 2) == FAST
     # on the CPU the kernel to improve is the newest passing one: the feedback names it, propose applies to it
     assert "against the kernel above (step 2's)" in fb["next_prompt"]
-    assert "(other passing kernels: step 1)" in fb["next_prompt"]  # a FILE@STEP may build on the round's other one
+    assert "(other passing kernels: step 1; each one's source: `" in fb["next_prompt"]  # a FILE@STEP may build on it
+    assert f"{run_id}/steps/NNNN/candidate.py`)" in fb["next_prompt"]
 
     # a block that does not apply to the parent it names: an error with the nearest lines, nothing recorded
     stale = tmp_path / "stale.txt"

@@ -172,5 +172,6 @@ def next_prompt(store: RunStore, task: TaskPackage) -> str:
     passing = [a.index for a in ctx.attempts if a.result is not None and a.result.status.ok and a.source
                and a.index != ctx.parent_step and a.index != 0]
     system, user = build_messages(ctx, rules=prompt_rules(store.config, task),
-                                  hand_in={"run_id": store.config.run_id, "other_passing": passing[-5:]})
+                                  hand_in={"run_id": store.config.run_id, "other_passing": passing,
+                                           "sources": str(store.step_dir(0).parent / f"NNNN/candidate{store.config.language.ext}")})
     return system["content"].rstrip("\n") + "\n\n" + user["content"]

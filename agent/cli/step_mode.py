@@ -66,7 +66,8 @@ def _print(a, fb: Feedback) -> int:
                   f"correctness only: rank them with `optagent retime {fb.run_id}` on a GPU.", markup=False,
                   soft_wrap=True)
     con.rule("what a planner would be shown next")
-    con.print(fb.next_prompt, markup=False, highlight=False)
+    # soft_wrap: no line breaks of the console's own, which split a markdown table's rows when the output is a file
+    con.print(fb.next_prompt, markup=False, highlight=False, soft_wrap=True)
     return 0 if fb.status.value != "FAILED" else 1
 
 

@@ -88,13 +88,16 @@ def _similar(a: Optional[str], b: Optional[str]) -> bool:
 
 
 def superseded(a: Attempt, attempts: list[Attempt]) -> bool:
-    """A failure fixed later: a passing attempt, made from its parent or from a kernel derived from it,
-    with much the same code."""
+    """A failure fixed later: a passing attempt of a later round (one of the same round was written beside it,
+    not as its fix), made from its parent or from a kernel derived from it, with much the same code."""
     if not failed(a) or not a.source:
         return False
     parent_of = {x.index: (x.parent if x.parent is not None or x.index == 0 else 0) for x in attempts}
     root = parent_of.get(a.index, 0)
-    return any(x.index > a.index and x.result is not None and x.result.status.ok
+    def later(x: Attempt) -> bool:
+        return x.index > a.index and (x.round is None or a.round is None or x.round > a.round)
+
+    return any(later(x) and x.result is not None and x.result.status.ok
                and root in _ancestors(x.index, parent_of) and _similar(a.source, x.source) for x in attempts)
 
 

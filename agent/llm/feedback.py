@@ -200,7 +200,9 @@ def kernel_lines(result: EvalResult) -> list[str]:
             parts = [f"{k.registers} registers" if k.registers is not None else None,
                      f"{k.spill_bytes} B spilled" if k.spill_bytes is not None else None,
                      f"{k.shared_bytes / 1024:.1f} KiB shared" if k.shared_bytes is not None else None,
-                     f"{k.warps} warps" if k.warps else None, f"{k.stages} stages" if k.stages else None,
+                     f"{k.warps} warps" if k.warps else None,
+                     # stages pipeline loads through shared memory: with none, the number says nothing
+                     f"{k.stages} stages" if k.stages and k.shared_bytes else None,
                      f"occupancy {k.occupancy:.0%}" if k.occupancy is not None else None]
             built = f"{k.source}, built for {k.target}, not run" if k.target else k.source
             seen[k.name] = f"{k.name} ({built}): " + ", ".join(p for p in parts if p)

@@ -33,6 +33,7 @@ class Attempt:
     retime_note: Optional[str] = None  # how the comparison that decided its outcome went
     hidden_failed: int = 0  # hidden cases that failed: counted for the planner, never described
     parent: Optional[int] = None  # the step it was derived from (None: the starter, or an old run)
+    round: Optional[int] = None  # the round it was proposed in (None: not known)
 
 
 @dataclass
@@ -80,7 +81,7 @@ def as_attempt(step: Step, source: Optional[str] = None) -> Attempt:
         result = result.model_copy(update={"cases": shown, "reason": reason})
         hidden_failed = len(failed_hidden)
     return Attempt(step.index, step.idea, step.outcome.value, error, result, source, step.retime_note, hidden_failed,
-                   step.parent)
+                   step.parent, step.round)
 
 
 def contexts(task: TaskPackage, config: RunConfig, traj: Trajectory, start: int,

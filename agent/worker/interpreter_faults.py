@@ -24,7 +24,9 @@ and a store into a bf16 pointer), where a GPU rounds to nearest even: 1.66796875
 not 1.671875. A kernel that must reproduce PyTorch's bf16 result exactly (a residual sum) fails
 on the CPU alone, and every bf16 output carries a half-ulp bias. ``repair_bf16_rounding`` makes the
 default conversion round to nearest even (an explicit rounding mode is left as asked), probe-gated
-like the dot's. ``repair_interpreter`` installs every repair.
+like the dot's. Bf16 math: the same raw patterns meet every elementwise operation (``x + x`` of bf16 1.0 gives
+1.7e38, ``x > -inf`` is false, ``tl.full`` of bf16 has no builder method); ``repair_bf16_math`` computes them
+in float32 and rounds each result back, as PyTorch and a GPU do. ``repair_interpreter`` installs every repair.
 
 This module imports torch and triton only inside the judge's functions: the
 orchestrator, which reads sources, never imports torch.
@@ -237,9 +239,116 @@ def repair_bf16_rounding() -> Optional[str]:
     return fault
 
 
+def _math_probe() -> Optional[str]:
+    """What the interpreter gets wrong in bf16 elementwise math (a sum, a comparison, a bf16 constant), or None;
+    the exception's text where the probe cannot run at all."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _math(x_ptr, s_ptr, g_ptr, N: tl.constexpr):
+        offs = tl.arange(0, N)
+        x = tl.load(x_ptr + offs)
+        floor = tl.full([N], float("-inf"), tl.bfloat16)
+        tl.store(s_ptr + offs, x + x)
+        tl.store(g_ptr + offs, (x > floor).to(tl.int32))
+
+    x = torch.tensor([1.0, -2.0, 3.0, 0.5, -0.25, 7.0, 100.0, -1e-3], dtype=torch.bfloat16)
+    s, g = torch.empty_like(x), torch.empty(8, dtype=torch.int32)
+    try:
+        _math[(1,)](x, s, g, N=8)
+    except Exception as e:  # Triton 3.6: the builder has no get_bf16 (tl.full of bf16)
+        return str(e).split("\n")[0][:160]
+    if not torch.equal(s, x + x):
+        return "a bf16 sum is computed on the values' raw 16-bit patterns"
+    if not bool(g.all()):
+        return "a bf16 comparison is made on the values' raw 16-bit patterns"
+    return None
+
+
+@lru_cache(maxsize=1)
+def bf16_math_fault() -> Optional[str]:
+    """What the installed interpreter gets wrong in bf16 elementwise math (probed before any repair), or None."""
+    import triton
+
+    wrong = _math_probe()
+    if wrong is None:
+        return None
+    return f"Triton {'.'.join(triton.__version__.split('.')[:2])}'s interpreter holds bf16 as raw 16-bit patterns ({wrong})"
+
+
+@lru_cache(maxsize=1)
+def repair_bf16_math() -> Optional[str]:
+    """Elementwise math on bf16 (arithmetic, comparisons, min/max, clamps, fma, unary functions, bf16 constants)
+    computed in float32 and rounded back to nearest even, as a GPU does, where the probe finds it wrong; the
+    fault's text when the repair is in place, else None (as repair_bf16_dot)."""
+    fault = bf16_math_fault()
+    if fault is None:
+        return None
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder, handle = interpreter.InterpreterBuilder, interpreter.TensorHandle
+    saved = {name: builder.__dict__.get(name) for name in ("binary_op", "ternary_op", "unary_op", "create_fma",
+                                                           "get_bf16")}
+
+    def is_bf16(h) -> bool:
+        return getattr(getattr(h, "dtype", None), "scalar", None) == tl.bfloat16
+
+    def wide(h):
+        if not is_bf16(h):
+            return h
+        bits = np.ascontiguousarray(h.data).view(np.uint16).astype(np.uint32) << 16
+        return handle(bits.view(np.float32).reshape(np.shape(h.data)), tl.float32)
+
+    def narrow(out):
+        if out.dtype == np.bool_:
+            return handle(out.astype(np.uint16), tl.bfloat16)  # as the builder labels a bf16 comparison
+        return handle(_bf16_nearest_even(out), tl.bfloat16)
+
+    def binary_op(self, lhs, rhs, op):
+        if not (is_bf16(lhs) or is_bf16(rhs)) or not is_bf16(lhs):
+            return saved["binary_op"](self, lhs, rhs, op)
+        return narrow(np.asarray(op(wide(lhs).data, wide(rhs).data)))
+
+    def ternary_op(self, lhs, rhs, other, op):
+        if not is_bf16(other):
+            return saved["ternary_op"](self, lhs, rhs, other, op)
+        return narrow(np.asarray(op(wide(lhs).data, wide(rhs).data, wide(other).data)))
+
+    def unary_op(self, arg, op):
+        if not is_bf16(arg):
+            return saved["unary_op"](self, arg, op)
+        return narrow(np.asarray(op(wide(arg).data)))
+
+    def create_fma(self, x, y, z):
+        if not is_bf16(z):
+            return saved["create_fma"](self, x, y, z)
+        return narrow(np.asarray(wide(x).data * wide(y).data + wide(z).data))
+
+    def get_bf16(self, value):
+        return handle(_bf16_nearest_even(np.array([value], dtype=np.float32)), tl.bfloat16)
+
+    repaired = {"binary_op": binary_op, "ternary_op": ternary_op, "unary_op": unary_op, "create_fma": create_fma,
+                "get_bf16": get_bf16}
+    for name, fn in repaired.items():
+        setattr(builder, name, fn)
+    # the create_* lambdas call self.binary_op etc. by name: they pick the repaired ones up
+    if _math_probe() is not None:
+        for name, fn in saved.items():
+            if fn is None:
+                delattr(builder, name)
+            else:
+                setattr(builder, name, fn)
+        return None
+    return fault
+
+
 def repair_interpreter() -> list[str]:
     """Every known fault of the installed interpreter that this process repaired (candidate process, judge)."""
-    return [f for f in (repair_bf16_dot(), repair_bf16_rounding()) if f]
+    return [f for f in (repair_bf16_dot(), repair_bf16_rounding(), repair_bf16_math()) if f]
 
 
 def dot_fault_left() -> Optional[str]:

@@ -107,13 +107,13 @@ def _verdict(rt: TaskRuntime, case: CaseSpec, sample: Sample, check_inputs: bool
         problem = written_problem(roles, i, out, ref, args[i], untouched.get(i), where)
         if problem:
             return Finding(status=Status.INCORRECT, reason=problem)
+        err = rel_err(out, ref)  # for an integer output too: a wrong one must not read 0.0 (the error column)
+        found["rel_err"] = max(found["rel_err"], err)
+        found["max_abs_err"] = max(found["max_abs_err"], float((out.double() - ref.double()).abs().max()))
         mismatch = integer_mismatch(roles, i, out, ref, where)
         if mismatch:
             mismatches.append(mismatch)
             continue
-        err = rel_err(out, ref)
-        found["rel_err"] = max(found["rel_err"], err)
-        found["max_abs_err"] = max(found["max_abs_err"], float((out.double() - ref.double()).abs().max()))
         if rt.hooks is not None and manifest is not None:
             low = rt.hooks.reference(clone_args(args), args[i].dtype)[j]
             tol = max(manifest.min_tolerance, manifest.tolerance_factor * rel_err(low.to(ref.device), ref))
