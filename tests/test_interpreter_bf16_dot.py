@@ -1,7 +1,7 @@
 """Bf16 tl.dot on Triton's CPU interpreter: repaired in the worker, so a decode kernel is judged.
 
 Triton 3.6's interpreter multiplies bf16 dot operands as their uint16 bit patterns. The worker
-widens them to float32 first (interpreter_faults.repair_bf16_dot, installed only where the probe
+widens them to float32 first (interpreter_bf16.repair_bf16_dot, installed only where the probe
 finds the fault): a correct bf16 decode kernel passes, a wrong one still fails.
 """
 
@@ -49,7 +49,7 @@ def test_the_variants_are_what_they_claim():
 
 @FAULTY_TRITON
 def test_probe_finds_the_fault_and_the_repair_fixes_it():
-    code = ("from optagent.worker import interpreter_faults as f\n"
+    code = ("from optagent.worker import interpreter_bf16 as f\n"
             "print(f.bf16_dot_fault()); print(f.repair_bf16_dot() is not None); print(f._dot_probe_error())")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "TRITON_INTERPRET": "1"})
@@ -76,8 +76,8 @@ ADD_LN = Path(__file__).resolve().parent / "fixtures" / "packages" / "add_layern
 
 @FAULTY_TRITON
 def test_probe_finds_the_truncating_bf16_store_and_the_repair_rounds_to_nearest_even():
-    code = ("from optagent.worker import interpreter_faults as f\n"
-            "print(f.bf16_rounding_fault()); print(len(f.repair_interpreter())); print(f._rounding_probe())")
+    code = ("from optagent.worker import interpreter_bf16 as b, interpreter_faults as f\n"
+            "print(b.bf16_rounding_fault()); print(len(f.repair_interpreter())); print(b._rounding_probe())")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "TRITON_INTERPRET": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
@@ -102,9 +102,9 @@ BF16_MATH = r'''
 import json, os
 os.environ["TRITON_INTERPRET"] = "1"
 import torch, triton, triton.language as tl
-from optagent.worker import interpreter_faults as f
+from optagent.worker import interpreter_bf16 as b, interpreter_faults as f
 
-fault = f.bf16_math_fault()
+fault = b.bf16_math_fault()
 repaired = f.repair_interpreter()
 
 @triton.jit
