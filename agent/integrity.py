@@ -22,6 +22,7 @@ import re
 from typing import Optional
 
 from optagent.schema import Language
+from optagent.text import parse
 
 # Libraries that would compute the answer, and the harness's modules; a prefix match, so
 # flash_attn_2_cuda (FlashAttention's extension) and optagent_task_hooks (the reference) count.
@@ -164,7 +165,7 @@ def _import_why(node: ast.AST, aliases: dict[str, str]) -> Optional[str]:
 def python_syntax_error(source: str) -> Optional[str]:
     """The source's syntax error as one line, ``SyntaxError: <what> (line N): <the line>``, or None."""
     try:
-        ast.parse(source)
+        parse(source)
     except SyntaxError as e:  # IndentationError and TabError too
         where = f" (line {e.lineno})" if e.lineno else ""
         text = (e.text or "").strip().replace("\0", "")
@@ -177,7 +178,7 @@ def python_syntax_error(source: str) -> Optional[str]:
 def python_violations(source: str) -> list[tuple[int, str]]:
     """Every rule the source breaks, as (line, why), in line order; one per line and kind of reason."""
     try:
-        tree = ast.parse(source)
+        tree = parse(source)
     except (SyntaxError, ValueError):
         return []  # python_syntax_error's, reported first as COMPILE_ERROR with the line
     found: dict[tuple[int, str], str] = {}
@@ -284,7 +285,7 @@ def has_own_kernel(source: str, language: Language) -> bool:
         code = re.sub(r"//[^\n]*|/\*.*?\*/|\"(?:\\.|[^\"\\\n])*\"", "", source.replace("\\\n", ""), flags=re.S)
         return re.search(r"\b__global__\b", code) is not None
     try:
-        tree = ast.parse(source)
+        tree = parse(source)
     except (SyntaxError, ValueError):
         return False
     return bool(_kernels(tree, _imports(tree), ("triton",) if language is Language.TRITON else ("tilelang",)))

@@ -11,6 +11,9 @@ markup, its brackets are escaped, so that `[bold green]PASSED ...` prints as tho
 
 from __future__ import annotations
 
+import ast
+import threading
+
 import re
 from typing import Any, Optional
 
@@ -48,3 +51,14 @@ def plain_tree(value: Any) -> Any:
     if isinstance(value, list):
         return [plain_tree(v) for v in value]
     return value
+
+
+_PARSE = threading.Lock()
+
+
+def parse(source: str) -> ast.Module:
+    """ast.parse, one thread at a time: CPython 3.11 (before 3.11.8) can fail a parse that runs beside another
+    in a second thread with "SystemError: AST constructor recursion depth mismatch" (seen in CI, where a
+    pool's evaluations check their sources at once)."""
+    with _PARSE:
+        return ast.parse(source)

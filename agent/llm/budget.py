@@ -19,6 +19,7 @@ import difflib
 import re
 from typing import Any, Optional
 
+from optagent.text import parse
 from optagent.runs.view import Attempt
 
 SMALL_DIFF = 40  # changed lines (+ and -) that are still shown as a diff
@@ -46,7 +47,7 @@ def fold_docstring(source: str) -> str:
     """A Python kernel with a long module docstring folded to its first line (the rest named, not shown);
     anything else unchanged."""
     try:
-        body = ast.parse(source).body
+        body = parse(source).body
     except (SyntaxError, ValueError):
         return source
     first = body[0] if body else None
