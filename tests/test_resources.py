@@ -10,12 +10,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from optagent.evaluation import isolation
-from optagent.evaluation.limits import DISK_ENTRIES, Limits, Watch, rlimits
+from optagent.evaluation.limits import DISK_ENTRIES, Limits, Watch, private_tmpfs, private_tmpfs_bytes, rlimits
 from optagent.settings import RLIMITS_ENV
 
 NO_OUTPUT = SimpleNamespace(over=SimpleNamespace(is_set=lambda: False))
@@ -59,6 +60,58 @@ def test_files_in_the_private_tmpfs_count_as_memory(tmp_path):
             "--size", str(1 << 30), "--tmpfs", "/tmp", "--", "/bin/sh", "-c", fill]
     why = watched(argv, Limits(memory_bytes=200 << 20))
     assert re.search(r"exceeded the 0\.2 GiB memory limit \(0\.[2-4] GiB resident\)", why), why
+
+
+# A sandbox's mount table as /proc/<pid>/mountinfo gives it: the root bound in, a disk at /data, and at
+# /tmp first a bind of that disk (as seen mid-setup), then a tmpfs stacked on it.
+MOUNTINFO = b"""\
+100 90 254:0 / / ro,relatime - ext4 /dev/vda rw
+101 100 0:40 / /dev rw,nosuid - tmpfs tmpfs rw,mode=755
+102 101 0:41 / /dev/shm rw,nosuid,nodev - tmpfs tmpfs rw,size=1048576k
+103 100 259:3 / /data ro,relatime - ext4 /dev/vdb rw
+104 100 259:3 /scratch /tmp rw,relatime - ext4 /dev/vdb rw
+105 104 0:42 / /tmp rw,nosuid,nodev - tmpfs tmpfs rw,size=1048576k
+"""
+
+
+def test_only_a_private_tmpfs_on_top_is_counted_as_memory():
+    host = {os.makedev(254, 0), os.makedev(0, 41)}  # the host mounts the root disk and that /dev/shm itself
+    assert private_tmpfs(MOUNTINFO, host) == {"/tmp": os.makedev(0, 42)}
+    # a disk at /tmp (a CI machine's 32 GiB of used disk once read as resident memory) is never memory
+    disk_on_top = MOUNTINFO.replace(b"105 104 0:42 / /tmp rw,nosuid,nodev - tmpfs tmpfs", b"105 104 0:42 / /other x - tmpfs tmpfs")
+    assert private_tmpfs(disk_on_top, host) == {}
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bwrap")
+def test_a_host_tmpfs_bound_in_is_not_the_candidates_memory(tmp_path):
+    """The host's own /dev/shm (with 64 MiB in it) bound at the sandbox's /tmp: the host's memory, not the candidate's."""
+    host_file = Path("/dev/shm") / f"optagent-test-{os.getpid()}"
+    host_file.write_bytes(b"x" * (64 << 20))
+    try:
+        argv = [shutil.which("bwrap"), *isolation.BWRAP_NS, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+                "--bind", "/dev/shm", "/tmp", "--", "/bin/sh", "-c", "sleep 30"]
+        proc = subprocess.Popen(argv)
+        try:
+            time.sleep(1.0)
+            assert private_tmpfs_bytes([proc.pid, *(int(p) for p in _children(proc.pid))]) == 0
+        finally:
+            proc.kill()
+            proc.wait()
+    finally:
+        host_file.unlink()
+
+
+def _children(pid: int) -> list[str]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:
+            continue
+        out += kids
+        todo += [int(k) for k in kids]
+    return out
 
 
 def test_processor_time_is_bounded_by_the_kernel():

@@ -172,28 +172,57 @@ def tree_usage(root: int) -> tuple[int, int, list[int]]:
     return memory, threads, seen
 
 
-def _host_devices() -> set[int]:
-    out = set()
-    for path in ("/tmp", "/dev/shm", "/"):
+PRIVATE_MOUNTS = ("/tmp", "/dev/shm")  # where a sandbox puts its own tmpfs
+
+
+def mounts(mountinfo: bytes) -> list[tuple[int, str, str]]:
+    """(device, mount point, file system type) of each line of a /proc/<pid>/mountinfo, in mount order."""
+    out = []
+    for line in mountinfo.splitlines():
+        fields = line.split()
         try:
-            out.add(os.stat(path).st_dev)
-        except OSError:
-            pass
+            sep = fields.index(b"-")
+            major, minor = fields[2].split(b":")
+            out.append((os.makedev(int(major), int(minor)), fields[4].decode(errors="replace"),
+                        fields[sep + 1].decode(errors="replace")))
+        except (ValueError, IndexError):
+            continue
     return out
+
+
+def private_tmpfs(mountinfo: bytes, host: set[int]) -> dict[str, int]:
+    """{mount point: device} of the tmpfs on top at each of PRIVATE_MOUNTS that the host does not mount:
+    only a tmpfs is memory; any other file system there (a disk bound in, seen mid-setup) is not."""
+    top = {point: (dev, kind) for dev, point, kind in mounts(mountinfo) if point in PRIVATE_MOUNTS}
+    return {point: dev for point, (dev, kind) in top.items() if kind == "tmpfs" and dev not in host}
+
+
+def _read_all(path: str) -> bytes:
+    with open(path, "rb") as f:  # mountinfo can pass 4 KiB (_read's one read)
+        return f.read()
 
 
 def private_tmpfs_bytes(pids: list[int], look: int = 4) -> int:
     """Bytes held in the private /tmp and /dev/shm of the sandbox these processes run in (bwrap's tmpfs:
-    memory that no process's resident set shows), seen through /proc/<pid>/root; 0 without one."""
-    host, found = _host_devices(), {}
+    memory that no process's resident set shows), seen through /proc/<pid>/root; 0 without one.
+    The host's devices are every one its own mount table names, stacked mounts included."""
+    try:
+        host = {dev for dev, _, _ in mounts(_read_all("/proc/self/mountinfo"))}
+    except OSError:
+        return 0
+    found: dict[int, int] = {}
     for pid in pids[:look]:  # the first few: every process of the tree shares them
-        for where in ("tmp", "dev/shm"):
-            path = f"/proc/{pid}/root/{where}"
+        try:
+            private = private_tmpfs(_read_all(f"/proc/{pid}/mountinfo"), host)
+        except OSError:
+            continue
+        for point, dev in private.items():
+            path = f"/proc/{pid}/root{point}"
             try:
-                dev = os.stat(path).st_dev
-                if dev not in host and dev not in found:
-                    st = os.statvfs(path)
-                    found[dev] = (st.f_blocks - st.f_bfree) * st.f_frsize
+                if dev in found or os.stat(path).st_dev != dev:  # what the path shows is that mount
+                    continue
+                st = os.statvfs(path)
+                found[dev] = (st.f_blocks - st.f_bfree) * st.f_frsize
             except OSError:
                 continue
     return sum(found.values())
