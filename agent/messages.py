@@ -65,6 +65,7 @@ class ExpectedSample(Part):
     base_seed: Optional[int] = None
     refresh_seed: Optional[int] = None
     inputs: bool = False  # its post-call inputs were saved too, to be compared bitwise
+    digest: Optional[str] = None  # the outputs' sha256 the harness told the referee when the call returned
 
 
 class Job(Record):
@@ -131,6 +132,9 @@ class Baseline(Message):
     case: str
     timing: Timing
     sizes: str
+    # set by the parent, never read from a worker: the harness's own time a call under the referee
+    # (evaluation/referee.py over_us), from a lane's baseline job
+    over_us: Optional[float] = None
 
 
 class Compiled(Message):

@@ -83,6 +83,7 @@ def env_name(field: str) -> str:
 # The wire: variables the parent sets for a worker process, never a user's.
 RLIMITS_ENV = env_name("rlimits")  # the rlimits a worker sets on itself (evaluation/limits.py)
 LANE_FD_ENV = env_name("lane_fd")  # the descriptor of a timing lane's gate (worker/lane.py)
+REFEREE_FD_ENV = env_name("referee_fds")  # the worker's ends of its referee's pipes (evaluation/referee.py)
 SANDBOX_ENV = env_name("sandbox")  # marks a worker's process tree, so a killed one's is found
 LANDLOCK_ENV = env_name("landlock")  # the paths a worker under Landlock may write (worker/landlock.py)
 # What a worker (and a Ray lane actor) inherits of the user's settings.

@@ -97,6 +97,7 @@ STATIC = {
     "side_thread": r"imports threading", "side_thread_lowlevel": r"imports _thread", "side_stream": r"side stream",
     "native_thread": r"imports ctypes",
     "patch_perf_counter": r"imports time", "patch_cuda_event": r"patches torch\.cuda",
+    "forge_timer_claim": r"imports optagent\.worker\.timers", "answer_when_saved": r"imports optagent\.worker",
     "patch_bench_clock": r"torch\.sys", "obf_alias_event": r"cuda\.Event",
     # harness attacks, plain and obfuscated
     "forge_result": r"imports os", "forge_with_nonce": r"imports json", "os_exit": r"imports os",
@@ -297,7 +298,9 @@ TIMER = {
     "call_native_timer": (Status.REJECTED, r"an extra eager timing record"),
     "replace_timer_eager": (Status.REJECTED, r"no eager timing record from the harness's timer"),
     "report_pipe_garbage": (Status.REJECTED, r"report pipe carried \d+ line\(s\) not written by the harness's timer"),
-    "after_work_answer": (Status.REJECTED, r"passed between its timed calls \(eager loop\).*moved out of the timed window"),
+    # on a CPU the referee's clock (evaluation/referee.py) sees the work first; on a GPU the timer's own interval
+    "after_work_answer": (Status.REJECTED, r"passed between its timed calls \(eager loop\).*moved out of the timed "
+                          r"window|the referee's own clock saw"),
 }
 
 

@@ -26,6 +26,7 @@ from optagent.cache import cache_root
 from optagent.evaluation import isolation, safe_files
 from optagent.evaluation.lanes import Control, Stopped
 from optagent.evaluation.limits import LogTap, Watch, limits_for, record, rlimits
+from optagent.evaluation.referee import Referee
 from optagent.evaluation.report_pipe import ReportPipe
 from optagent.evaluation.scratch import (scratch_fd)
 from optagent.messages import M, Job, Message, parse_line, parse_messages
@@ -71,6 +72,7 @@ class WorkerRun:
     limit: Optional[str] = None  # the limit the worker broke, as a reason (it was stopped there)
     timer_secret: Optional[bytes] = None  # the native timer's: its records on the report pipe carry it
     timer_lines: list[tuple[float, bytes]] = field(default_factory=list)  # (arrival, line) of that pipe
+    referee: Optional[Referee] = None  # what the referee saw of the timed calls (evaluation/referee.py)
 
     def first(self, kind: type[M]) -> Optional[M]:
         return next((m for m in self.messages if isinstance(m, kind)), None)
@@ -141,13 +143,16 @@ def _run(job: Job, timeout_s: float, on_message: Optional[Callable[[Message], No
     mech = isolation.mechanism()
     limits = limits_for(job.device)
     report = ReportPipe() if job.mode in ("candidate", "baseline") and job.timer is not None else None
+    referee = Referee() if refereed(job) else None
     argv, env = _command(job, scratch, f"fd:{job_fd}", wfd, marker, mech, limits, prefix, timeout_s)
     control = control or Control()
     env.update(control.env)
+    env.update(referee.env if referee else {})
     argv += [str(fd) for fd in report.child_fds] if report else []
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(argv, pass_fds=(wfd, job_fd, *fds, *control.fds, *(report.child_fds if report else ())),
+        proc = subprocess.Popen(argv, pass_fds=(wfd, job_fd, *fds, *control.fds, *(report.child_fds if report else ()),
+                                                *(referee.child_fds if referee else ())),
                                 start_new_session=True, env=env, cwd=scratch, stdin=subprocess.DEVNULL,
                                 stdout=log_w, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
     except BaseException:
@@ -157,6 +162,8 @@ def _run(job: Job, timeout_s: float, on_message: Optional[Callable[[Message], No
         control.close()
         if report:
             report.abandon()
+        if referee:
+            referee.abandon()
         raise
     finally:
         os.close(wfd)
@@ -165,6 +172,8 @@ def _run(job: Job, timeout_s: float, on_message: Optional[Callable[[Message], No
         control.spawned()
     if report:
         report.started()
+    if referee:
+        referee.started()
     tap = LogTap(lfd, log_fd, limits.output_bytes)
     watch = Watch(proc.pid, limits, tap, job.mode, scratch)
     limit: Optional[str] = None
@@ -221,10 +230,19 @@ def _run(job: Job, timeout_s: float, on_message: Optional[Callable[[Message], No
         control.close()  # its lane, if it held one, is free
         tail = tap.close()[-4000:]  # read from memory, never the whole log
         lines = report.finish() if report else []
+        if referee:
+            referee.finish()
     messages, foreign = parse_messages(b"".join(chunks), job.nonce)
     iso = record(isolation.describe(mech), limits)
     return WorkerRun(messages, foreign, isolation.returncode(mech, proc.returncode), timed_out,
-                     time.monotonic() - start, tail, iso, limit, report.secret if report else None, lines)
+                     time.monotonic() - start, tail, iso, limit, report.secret if report else None, lines, referee)
+
+
+def refereed(job: Job) -> bool:
+    """Whether a referee answers this worker's timed calls: a candidate's or a baseline job's, on a CPU.
+    (A GPU's microsecond calls want a referee that answers faster than a thread of this process; until
+    one is measured on a GPU, the native timer's records and their checks stand alone there.)"""
+    return job.mode in ("candidate", "baseline") and job.device is Device.CPU
 
 
 def _command(job: Job, scratch: Path, job_file: str, wfd: int, marker: str, mech: Mechanism,

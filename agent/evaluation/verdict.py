@@ -13,12 +13,13 @@ import time
 from dataclasses import replace
 from typing import Callable, Optional, TypeVar, Union
 
+from optagent.evaluation import referee
 from optagent.evaluation.limits import over_memory
 from optagent.evaluation.sandbox import WorkerRun
 from optagent.evaluation.timer_check import Checked, check_records, with_timings
 from optagent.messages import (Baseline, CaseFailed, CaseRan, CaseSpec, CaseStart, Compiled, Done, Hello, Integrity,
                                Job, LaneReleased, LaneWanted, Verdict, WorkerError)
-from optagent.schema import CaseResult, Device, EvalResult, FloorKind, Isolation, Status, TimerKind, worst
+from optagent.schema import CaseKind, CaseResult, Device, EvalResult, FloorKind, Isolation, Status, TimerKind, worst
 from optagent.timer_records import LoopKind, expected_checked, parse_reports
 
 # Triton compiles at the first call; under the CPU interpreter the same mistakes
@@ -131,9 +132,12 @@ def assemble(job: Job, run: WorkerRun, judge: Optional[JudgeRunner], *, source_s
     if timer.timings:
         cases = with_timings(cases, timer.timings)
     expected = expected_checked(job)
-    for label, more in timer.expected.items():
+    timed = [c.case for c in cases if c.status is Status.PASSED and c.kind is not CaseKind.HIDDEN]
+    refereed, cases = _refereed(job, run, cases, timed)
+    calls = referee.expected_calls(job, run.referee, timed) if run.referee else timer.expected
+    for label, more in calls.items():
         expected[label] = expected.get(label, []) + more
-    if ran and not timer.reason and judge is not None:
+    if ran and not timer.reason and not refereed and judge is not None:
         cases = _judged(job, run, ran, cases, judge, expected)
     status = worst([c.status for c in cases]) if cases else Status.RUNTIME_ERROR
     reason = next((f"case {c.case}: {c.reason}" for c in cases if c.status is status and c.reason), None)
@@ -143,6 +147,8 @@ def assemble(job: Job, run: WorkerRun, judge: Optional[JudgeRunner], *, source_s
         status, reason = Status.REJECTED, why_forged
     elif timer.reason:
         status, reason = Status.REJECTED, timer.reason
+    elif refereed:
+        status, reason = Status.REJECTED, refereed
     elif integrity:
         status, reason = Status.REJECTED, integrity.reason
     elif timer.moved and status is Status.PASSED:
@@ -153,6 +159,35 @@ def assemble(job: Job, run: WorkerRun, judge: Optional[JudgeRunner], *, source_s
         status = Status.REJECTED
         reason = f"the candidate process {run.exit_text} before the harness finished its checks"
     return result(status, reason if status is not Status.PASSED else None, cases)
+
+
+def _refereed(job: Job, run: WorkerRun, cases: list[CaseResult],
+              timed: list[str]) -> tuple[Optional[str], list[CaseResult]]:
+    """Why the referee's log contradicts the timed cases (evaluation/referee.py), or None; and the cases with
+    no recorded time below the referee's. Without a referee: None, and the cases as they are."""
+    if run.referee is None:
+        return None, cases
+    why = referee.unrefereed(run.referee, timed)
+    if why:
+        return why, cases
+    lane = first_per_case(run.all(Baseline)) if not job.time_baseline else {}
+    out = []
+    for c in cases:
+        lp = run.referee.loop(c.case, False)
+        if c.case not in timed or lp is None or c.time_us is None or c.time is None:
+            out.append(c)
+            continue
+        over = (referee.over_us(run.referee, c.case, c.baseline_us) if job.time_baseline
+                else getattr(lane.get(c.case), "over_us", None))
+        why = referee.forged_claim(c.case, lp, c.time_us, over)
+        if why:
+            return why, cases
+        seen = referee.seen_us(lp, over)
+        if seen is not None and seen > c.time_us:  # the referee's figure is the floor of what is recorded
+            time = c.time.model_copy(update={"median_us": seen, "p90_us": max(c.time.p90_us, seen)})
+            c = c.model_copy(update={"time": time, "time_us": seen})
+        out.append(c)
+    return None, out
 
 
 def _claimed(job: Job, run: WorkerRun, error: Optional[WorkerError],
@@ -191,16 +226,20 @@ def _claimed(job: Job, run: WorkerRun, error: Optional[WorkerError],
 
 
 def timed_by_timer(job: Job, run: WorkerRun) -> WorkerRun:
-    """A baseline job's run with its Baseline timings taken from the native timer's records; without
-    its records (or with records that do not hold) it keeps no Baseline at all."""
-    if job.timer is None:
-        return run
-    checked = _timer_records(job, run)
-    if checked.reason:
-        return replace(run, messages=[m for m in run.messages if not isinstance(m, Baseline)])
-    timings = checked.timings
-    return replace(run, messages=[m.model_copy(update={"timing": timings[(m.case, LoopKind.BASELINE)]})
-                                  if isinstance(m, Baseline) else m for m in run.messages])
+    """A baseline job's run with its Baseline timings taken from the native timer's records (without
+    its records, or with records that do not hold, it keeps no Baseline at all), each with the harness's
+    own time a call under the referee, where one answered (a CPU's)."""
+    timings: dict = {}
+    if job.timer is not None:
+        checked = _timer_records(job, run)
+        if checked.reason:
+            return replace(run, messages=[m for m in run.messages if not isinstance(m, Baseline)])
+        timings = checked.timings
+
+    def timed(m: Baseline) -> Baseline:
+        timing = timings.get((m.case, LoopKind.BASELINE), m.timing)
+        return m.model_copy(update={"timing": timing, "over_us": referee.over_us(run.referee, m.case, timing.median_us)})
+    return replace(run, messages=[timed(m) if isinstance(m, Baseline) else m for m in run.messages])
 
 
 def _timer_records(job: Job, run: WorkerRun) -> Checked:

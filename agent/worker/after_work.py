@@ -15,7 +15,8 @@ from typing import Optional
 
 import torch
 
-from optagent.worker.harness import float_bases, poison, refresh_floats
+from optagent.worker import referee_client
+from optagent.worker.harness import float_bases, outputs_digest, poison, refresh_floats
 
 
 class AfterWork:
@@ -26,9 +27,20 @@ class AfterWork:
         self.contents = [{j: a[j].clone() for j in self.inouts} for a in sets]  # each set's in/out tensors as made
         self.held: dict[int, dict] = {}  # call -> outputs, of calls the timer may ask for
         self.latest: dict[int, tuple[int, dict]] = {}  # set -> (call, outputs) of its latest call
+        # under a referee (evaluation/referee.py) it draws the seeds and chooses the kept calls, not the timer
+        self.refereed = referee_client.active()
+        self.seeds: list[Optional[int]] = [None] * len(sets)  # the seed each set's inputs were redrawn with
+        self.kept: dict[int, tuple[int, Optional[int]]] = {}  # call -> (set, seed of its inputs): the referee's
+        self._calls = 0  # timed calls in this loop (the referee numbers them from 0)
+
+    def begin_loop(self) -> None:
+        self._calls = 0
+        self.kept.clear()
 
     def __call__(self, call: int, k: int, seed: int, keep: bool, drop: int) -> None:
         args = self.sets[k]
+        if self.refereed:
+            call, seed, keep, drop = self._ask(call, k)
         if call >= 0:
             out = {j: args[j].detach().clone() for j in self.outs}  # on the device: cheap; to host when saved
             self.latest[k] = (call, out)
@@ -39,6 +51,21 @@ class AfterWork:
         for j, made in self.contents[k].items():
             args[j].copy_(made)
         refresh_floats(args, seed, self.scales[k])
+
+    def _ask(self, call: int, k: int) -> tuple[int, int, bool, int]:
+        """The referee's seed and keep for this call, after its outputs' digest is told (a warm-up: the seed)."""
+        if call < 0:
+            _, seed, _, _ = referee_client.ask(f"W {k}")
+            self.seeds[k] = int(seed)
+            return call, int(seed), False, -1
+        call, self._calls = self._calls, self._calls + 1
+        outs = {j: self.sets[k][j] for j in self.outs}
+        _, seed, keep, drop = referee_client.ask(f"R {call} {k} {outputs_digest(outs)}")
+        if keep == "1":
+            self.kept[call] = (k, self.seeds[k])
+        self.kept.pop(int(drop), None)
+        self.seeds[k] = int(seed)
+        return call, int(seed), keep == "1", int(drop)
 
     def poison_set(self, args: list) -> None:
         for j in self.poisoned:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from optagent.worker import bench, compiler_facts, target_compile, tasks
+from optagent.worker import bench, compiler_facts, referee_client, target_compile, tasks
 from optagent.worker.backends import CompileError, Refused, Unsupported, backend_for
 from optagent.worker.guard import lock_imports, watch_host_compute
 from optagent.worker.interpreter_faults import repair_interpreter
@@ -168,7 +168,8 @@ class Candidate:
             # the candidate's after-work, here too: its interval is the reference for the candidate's
             work = AfterWork(sets, rt.outputs(sets[0]), rt.roles(sets[0]).inouts)
             work.poison_all()
-            timing = self.timer.eager(case.label, LoopKind.BASELINE, baseline, sets, work)
+            with referee_client.timed_loop(case.label, True, len(sets), 0):
+                timing = self.timer.eager(case.label, LoopKind.BASELINE, baseline, sets, work)
             timing.pop("check")
             work.clear()
             self.chan.send(Baseline(case=case.label, timing=timing, sizes=sizes))
@@ -224,6 +225,8 @@ class Candidate:
         n_keep = min(SAMPLED_CALLS, max(1, SAMPLED_BYTES // max(out_bytes(sets, work.outs), 1)))
 
         def saved(check: list) -> list[Sample]:
+            if work.refereed:  # the referee's kept calls (below), not the timer's
+                return []
             out = []
             for call, k, seed in check:
                 found = work.take(call, k)
@@ -234,9 +237,15 @@ class Candidate:
 
         work.poison_all()
         samples: list[Sample] = []
-        timing = self.timer.eager(case.label, LoopKind.EAGER, fn, sets, work, n_keep,
-                                  on_loop=lambda check: samples.extend(saved(check)))
+        work.begin_loop()
+        with referee_client.timed_loop(case.label, False, len(sets), n_keep):
+            timing = self.timer.eager(case.label, LoopKind.EAGER, fn, sets, work, n_keep,
+                                      on_loop=lambda check: samples.extend(saved(check)))
         samples += saved(timing.pop("check"))  # the Python timer's, told at the end
+        for call, (k, seed) in sorted(work.kept.items()):  # the referee's choice, made after each digest was told
+            found = work.take(call, k)
+            if found is not None:
+                samples.append(self._save(case.label, timed_name(call), found, set_seed(job, k), seed))
         gpu, note = self.timer.gpu(case.label, fn, sets, getattr(backend, "graph_capturable", True), work, n_keep,
                                    work.poison_all)
         if gpu:

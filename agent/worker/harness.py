@@ -7,6 +7,8 @@ The candidate process and the judge process both build a case's inputs through
 
 from __future__ import annotations
 
+import hashlib
+
 import importlib.util
 import inspect
 import io
@@ -241,6 +243,16 @@ def refresh_floats(args: list, seed: int, bases: dict[int, torch.Tensor]) -> Non
 
 
 CHECKSUM_CHUNK = 1 << 24  # elements per pass: a multi-GiB KV cache needs no int64 copy of itself
+
+
+def outputs_digest(outputs: dict) -> str:
+    """sha256 of the output tensors' bytes, in argument order: what the harness tells the referee of a
+    timed call's outputs (worker/referee_client.py), and what the judge computes of the saved ones."""
+    h = hashlib.sha256()
+    for i in sorted(outputs):
+        t = outputs[i].detach().cpu().contiguous().reshape(-1)
+        h.update(t.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def checksum(t: torch.Tensor) -> str:

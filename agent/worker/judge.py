@@ -20,7 +20,8 @@ import torch
 from optagent.worker.arg_roles import ArgRoles
 from optagent.worker.floor_estimate import estimated_bytes
 from optagent.worker.compare import integer_mismatch, untouched_masks, written_problem
-from optagent.worker.harness import TaskRuntime, checksum, clone_args, float_bases, refresh_floats, run_baseline
+from optagent.worker.harness import (TaskRuntime, checksum, clone_args, float_bases, outputs_digest, refresh_floats,
+                                     run_baseline)
 from optagent.worker.interpreter_faults import blame_interpreter
 from optagent.messages import (CaseSpec, Channel, Done, ExpectedSample, Finding, Job, Phase, PhaseStarted, Probed,
                                ProbedCase, ProbedExtra, Sample, Verdict)
@@ -69,8 +70,10 @@ def _inputs_changed(saved: dict, args: list, roles: ArgRoles) -> Optional[Findin
     return None
 
 
-def _verdict(rt: TaskRuntime, case: CaseSpec, sample: Sample, check_inputs: bool = False) -> Finding:
-    """Compare one saved output with the reference (and its inputs with the rebuilt ones)."""
+def _verdict(rt: TaskRuntime, case: CaseSpec, sample: Sample, check_inputs: bool = False,
+             digest: Optional[str] = None) -> Finding:
+    """Compare one saved output with the reference (and its inputs with the rebuilt ones); `digest`: the
+    one the harness told the referee as the call returned, which the saved outputs must still have."""
     if sample.fd is None:  # the parent opens each saved output itself; what it could not open is refused
         return Finding(status=Status.REJECTED, reason=f"the saved outputs ({sample.name}) are not a regular file "
                        "the harness saved in the outputs directory")
@@ -83,6 +86,9 @@ def _verdict(rt: TaskRuntime, case: CaseSpec, sample: Sample, check_inputs: bool
     roles = rt.roles(args)
     outs = roles.written
     saved = torch.load(io.BytesIO(data), map_location=rt.device, weights_only=True)
+    if digest is not None and outputs_digest({i: v for i, v in saved.items() if isinstance(i, int)}) != digest:
+        return Finding(status=Status.REJECTED, reason=f"the saved outputs ({sample.name}) are not what the call left "
+                       "when it returned (their digest differs from the one told to the referee then)")
     where = f"{sample.name} inputs"
     changed = _inputs_changed(saved, args, roles) if check_inputs else None
     if changed:
@@ -161,9 +167,10 @@ def judge(job: Job, chan: Channel) -> None:
         expected = job.expected.get(case.label, [])
         samples, worst = _as_asked(job.samples.get(case.label, []), expected)
         inputs = {e.name for e in expected if e.inputs}
+        digests = {e.name: e.digest for e in expected if e.digest}
         agg: dict = {"rel_err": 0.0, "max_abs_err": 0.0, "tolerance": None}
         for sample in samples if worst is None else []:
-            v = _verdict(rt, case, sample, sample.name in inputs)
+            v = _verdict(rt, case, sample, sample.name in inputs, digests.get(sample.name))
             for key in ("rel_err", "max_abs_err"):
                 if getattr(v, key) is not None:
                     agg[key] = max(agg[key], getattr(v, key))

@@ -1,0 +1,166 @@
+"""The referee (evaluation/referee.py): the trusted side of every timed call on a CPU.
+
+Its protocol is driven here by hand, as a harness (or a candidate lying to it) would; then real
+evaluations show what it holds: an honest kernel passes with its time never below the referee's,
+a kernel whose timer claims a hundredth of its time is rejected, and a kernel that makes its
+answers only when the harness saves them, after the loop, is rejected by the digests it told.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from attack_fixtures import attack  # tests/ is on sys.path
+
+from optagent.evaluation import evaluator as evaluator_module
+from optagent.evaluation import referee as ref
+from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
+from optagent.messages import Job
+from optagent.schema import Device, Language, Status
+from optagent.task import load_task
+
+
+class Harness:
+    """The worker's side of a referee's pipes, driven by the test."""
+
+    def __init__(self) -> None:
+        self.referee = ref.Referee()
+        self.answers, self.questions = (os.dup(fd) for fd in self.referee.child_fds)
+        self.referee.started()
+
+    def ask(self, question: str) -> list[str]:
+        os.write(self.questions, question.encode() + b"\n")
+        line = b""
+        while not line.endswith(b"\n"):
+            chunk = os.read(self.answers, 1)
+            if not chunk:
+                return []
+            line += chunk
+        return line.decode().split()
+
+    def close(self) -> ref.Referee:
+        os.close(self.questions)
+        os.close(self.answers)
+        return self.referee.finish()
+
+
+def test_the_referee_draws_the_seeds_keeps_calls_after_their_digests_and_times_each_window():
+    h = Harness()
+    assert h.ask("B smoke-1 eager 2 3") == ["G"]
+    warm = [h.ask(f"W {k}") for k in (0, 1)]
+    seeds = {int(a[1]) for a in warm}
+    kept = set()
+    for call in range(8):
+        time.sleep(0.01 * (call % 2 + 1))  # the "call": 10 or 20 ms, by the referee's clock
+        s, seed, keep, drop = h.ask(f"R {call} {call % 2} {'ab' * 32}")
+        assert s == "S"
+        seeds.add(int(seed))
+        if keep == "1":
+            kept.add(call)
+        kept.discard(int(drop))
+    assert h.ask("E") == ["G"]
+    r = h.close()
+    lp = r.loop("smoke-1", False)
+    assert r.violation is None and lp is not None and lp.closed
+    assert len(seeds) == 10  # every redraw its own seed, drawn by the referee
+    assert set(lp.kept) == kept and len(kept) == 3  # the harness was told which calls to keep
+    # each kept call's inputs: the seed its set was last redrawn with before it
+    assert all(c.seed is not None and c.digest == "ab" * 32 for c in lp.kept.values())
+    assert len(lp.windows_us) == 8 and 13_000 < lp.mean_us < 40_000, lp.windows_us
+
+
+@pytest.mark.parametrize("questions,why", [
+    (["R 0 0 " + "ab" * 32], "outside any timed loop"),
+    (["B smoke-1 eager 2 3", "R 1 0 " + "ab" * 32], "out of order"),
+    (["B smoke-1 eager 2 3", "R 0 5 " + "ab" * 32], "input set 5"),
+    (["B smoke-1 eager 2 3", "T 0"], "never asks"),
+    (["B smoke-1 eager 2 3", "B smoke-2 eager 2 3"], "inside another"),
+])
+def test_a_question_out_of_turn_ends_the_answers(questions, why):
+    h = Harness()
+    answers = [h.ask(q) for q in questions]
+    assert answers[-1] == [] and all(answers[:-1])  # the pipe closed: the worker's harness cannot go on
+    r = h.close()
+    assert why in (r.violation or ""), r.violation
+    assert why in (ref.unrefereed(r, ["smoke-1"]) or "")
+
+
+def test_a_claim_far_below_the_referees_clock_is_forged_and_no_time_is_recorded_below_it():
+    lp = ref.RefereeLoop("smoke-1", False, 2, windows_us=[110_000.0, 130_000.0], closed=True)
+    assert ref.seen_us(lp, 20_000.0) == pytest.approx(100_000.0)
+    assert ref.forged_claim("smoke-1", lp, 1_000.0, 20_000.0)  # a hundredth
+    assert ref.forged_claim("smoke-1", lp, 95_000.0, 20_000.0) is None  # a median a little under the mean
+    assert ref.forged_claim("smoke-1", lp, 1_000.0, None) is None  # not calibrated: no word
+
+
+# ---------------------------------------------------------------------------- real evaluations (CPU)
+
+@pytest.fixture(scope="module")
+def task(task_dir):
+    return load_task(task_dir)
+
+
+def evaluate(task, source: str, **kw):
+    cases = [c for c in select_cases(task, "cpu", 0, None, hidden=True) if c.label == "smoke-1"]
+    logs = []
+    assemble = evaluator_module.assemble
+
+    def spy(job: Job, run, *a, **k):
+        logs.append(run.referee)
+        return assemble(job, run, *a, **k)
+
+    evaluator_module.assemble = spy
+    try:
+        result = SandboxEvaluator(task, "cpu", cases, timeout_s=240, **kw).evaluate(source, Language.TRITON)
+    finally:
+        evaluator_module.assemble = assemble
+    return result, logs[0]
+
+
+def test_an_honest_kernel_passes_and_its_time_is_never_below_the_referees(task, task_dir):
+    source = (task_dir / "starter" / "decode_triton.py").read_text()
+    result, r = evaluate(task, source)
+    assert result.status is Status.PASSED, result.reason
+    lp, base = r.loop("smoke-1", False), r.loop("smoke-1", True)
+    assert lp.windows_us and lp.kept and base.windows_us and not base.kept
+    case = result.cases[0]
+    seen = ref.seen_us(lp, ref.over_us(r, "smoke-1", case.baseline_us))
+    assert seen is not None and case.time_us >= seen
+
+
+def test_a_forged_timer_claim_is_rejected_by_the_referees_clock(task, monkeypatch):
+    monkeypatch.setattr(evaluator_module, "native_timer", lambda: None)  # the claim is the process's own word
+    result, _ = evaluate(task, attack("forge_timer_claim")[0], static_scan=False, guard=False)
+    assert result.status is Status.REJECTED and "the referee's own clock saw" in (result.reason or ""), result.reason
+
+
+def test_answers_made_when_saved_are_held_to_the_digests_told_when_the_calls_returned(task):
+    result, r = evaluate(task, attack("answer_when_saved")[0], static_scan=False, guard=False)
+    assert r.loop("smoke-1", False).kept
+    assert result.status is Status.REJECTED, f"{result.status.value}: {result.reason}"
+    assert "not what the call left when it returned" in (result.reason or ""), result.reason
+
+
+def test_no_referee_on_a_gpu_until_one_is_measured_there():
+    from optagent.evaluation.sandbox import refereed
+
+    job = dict(task_dir="x", nonce="n", scratch="/tmp/x")
+    assert refereed(Job(mode="candidate", device=Device.CPU, **job))
+    assert not refereed(Job(mode="candidate", device=Device.CUDA, **job))
+    assert not refereed(Job(mode="judge", device=Device.CPU, **job))
+
+
+def test_a_lanes_baseline_job_carries_the_harness_share_and_a_pooled_forgery_is_rejected(task, monkeypatch):
+    """In a pool the baselines are timed once per lane, in a job of their own: its referee's figure comes
+    with them, so a candidate timed in the lane is held to its clock as one that timed its own baselines."""
+    from optagent.messages import Baseline
+
+    monkeypatch.setattr(evaluator_module, "native_timer", lambda: None)
+    cases = [c for c in select_cases(task, "cpu", 0, None, hidden=True) if c.label == "smoke-1"]
+    ev = SandboxEvaluator(task, "cpu", cases, timeout_s=240, static_scan=False, guard=False)
+    baselines = ev.time_baselines().all(Baseline)
+    assert baselines and all(b.over_us is not None and b.over_us >= 0 for b in baselines)
+    result = ev.evaluate_on(attack("forge_timer_claim")[0], Language.TRITON, baselines=lambda: baselines)
+    assert result.status is Status.REJECTED and "the referee's own clock saw" in (result.reason or ""), result.reason
