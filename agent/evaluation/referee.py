@@ -116,14 +116,10 @@ class Referee:
                 pass
 
     def finish(self, wait_s: float = 5.0) -> "Referee":
-        """After the worker ended: the thread sees the questions' end and stops."""
+        """After the worker ended: the thread sees the questions' end and stops. The answers' descriptor is
+        the thread's to close (_serve): closed here too, its number could by then be another thread's file."""
         if self._thread is not None:
             self._thread.join(wait_s)
-        for fd in (self._a_w,):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
         return self
 
     def loop(self, label: str, baseline: bool) -> Optional[RefereeLoop]:
