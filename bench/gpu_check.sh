@@ -61,7 +61,7 @@ tilelang_run() {  # issue 8: an offline --language tilelang run on the seed pack
 finish() {
   python3 bench/summarize.py "$OUT" > "$OUT/summary.txt" 2>&1
   (cd "$OUT" && tar czf /tmp/logs.tgz --exclude=keep . 2>/dev/null; mkdir -p keep && mv /tmp/logs.tgz keep/ \
-    && find . -maxdepth 1 -type f ! -name summary.txt ! -name 'decode_table*.txt' ! -name 'eval_cost*' ! -name run.log -delete; rm -rf runs*)
+    && find . -maxdepth 1 -type f ! -name summary.txt ! -name 'decode_table*.txt' ! -name 'eval_cost*' ! -name 'eval_profile*' ! -name run.log -delete; rm -rf runs*)
   cat "$OUT/summary.txt"
   cat "$OUT"/decode_table*.txt 2>/dev/null  # one per GPU when lanes ran variants
   true
@@ -278,6 +278,11 @@ steps() {  # STEPS="fn[:arg[:arg]] ...": the named functions one after another, 
 eval_cost() {  # issue 31: seconds per candidate and where they go (bench/eval_cost.py; COST_ARGS: its options)
   timeout "${COST_TIMEOUT:-570}" python3 bench/eval_cost.py --json-out "$OUT/eval_cost.json" ${COST_ARGS:-} 2>&1 \
     | tee "$OUT/eval_cost.txt" | grep -vE "^\s+\.\.\. "
+}
+
+eval_profile() {  # issue 31: one evaluation's message timeline and its judge under cProfile (bench/eval_profile.py)
+  timeout "${PROFILE_TIMEOUT:-300}" python3 bench/eval_profile.py ${PROFILE_ARGS:-} > "$OUT/eval_profile.txt" 2>&1
+  echo "eval profile: exit $?"; head -${PROFILE_LINES:-70} "$OUT/eval_profile.txt"
 }
 
 case "$STAGE" in

@@ -25,6 +25,7 @@ from optagent.schema import Language, Status
 from optagent.task import load_task
 
 FIXTURE_TARGET = "/tmp/optagent_attack_deputy_target"  # the path the fixture names; each test swaps in its own
+PLANTED_MARK = "/tmp/optagent_attack_planted_module"  # plant_module's, likewise
 
 
 def mechanisms() -> list[str]:
@@ -155,6 +156,33 @@ def test_planted_symlinks_redirect_nothing(task, mechanism, monkeypatch, tmp_pat
     result = evaluate(task, "plant_symlink", mechanism, monkeypatch, source=source.replace(FIXTURE_TARGET, str(target)))
     assert target.read_text() == "untouched" and not target.is_symlink()
     assert result.status is Status.PASSED, result.reason
+
+
+@pytest.mark.parametrize("mechanism", mechanisms())
+def test_modules_planted_in_the_scratch_directory_never_run_in_the_judge(task, mechanism, monkeypatch, tmp_path):
+    # The judge starts in the candidate's scratch directory; `python -m` would import a planted package first.
+    mark = tmp_path / "planted-module-ran"
+    source = attack_source("plant_module")
+    assert PLANTED_MARK in source
+    result = evaluate(task, "plant_module", mechanism, monkeypatch, source=source.replace(PLANTED_MARK, str(mark)))
+    assert not mark.exists()
+    assert result.status is Status.PASSED, result.reason
+
+
+def test_the_judges_compiler_caches_are_out_of_the_candidates_reach(tmp_path):
+    from optagent.cache import cache_root
+    from optagent.evaluation.sandbox import _command
+    from optagent.evaluation.limits import limits_for
+
+    scratch = tmp_path / "eval"
+    scratch.mkdir()
+    for mode, inside in (("candidate", True), ("judge", False)):
+        job = Job(mode=mode, task_dir="/x", device="cpu", nonce="n" * 32, scratch=str(scratch))
+        argv, env = _command(job, scratch, "fd:9", 8, "m", isolation.mechanism(), limits_for("cpu"))
+        for name in ("TRITON_CACHE_DIR", "CUDA_CACHE_PATH", "TILELANG_CACHE_DIR"):
+            assert Path(env[name]).is_relative_to(scratch) is inside, (mode, name, env[name])
+            assert inside or Path(env[name]).is_relative_to(cache_root())
+        assert "optagent.worker" in " ".join(argv) and "-m" not in argv[argv.index("-c") - 1:]
 
 
 @pytest.mark.parametrize("mechanism", mechanisms())

@@ -81,7 +81,7 @@ def test_every_fixture_names_its_class_and_verdict():
 # Fixtures run by other modules: the parent as a deputy (test_deputy.py), the console (test_plain_text.py),
 # the file system without bwrap (test_landlock.py), the kernel interface with the guard off (test_guard_off.py),
 # library kernels (test_library_kernels.py).
-ELSEWHERE = {"plant_fifo", "plant_symlink", "outputs_link", "console_markup", "write_outside", "ns_escape",
+ELSEWHERE = {"plant_fifo", "plant_symlink", "plant_module", "outputs_link", "console_markup", "write_outside", "ns_escape",
              "launder_copy", "later_calls_torch", "local_jit", "docstring_kernel"}
 
 

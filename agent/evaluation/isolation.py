@@ -197,13 +197,17 @@ def wrap(argv: list[str], env: dict[str, str], mech: Mechanism, scratch: Path, d
     return cmd
 
 
-def worker_env(env: dict[str, str], mech: Mechanism, scratch: Path) -> dict[str, str]:
-    """The worker's environment under `mech`: caches it must write point into its scratch directory."""
+def worker_env(env: dict[str, str], mech: Mechanism, scratch: Path, trusted: bool = False) -> dict[str, str]:
+    """The worker's environment under `mech`: caches it must write point into its scratch directory,
+    or, for a trusted worker (the judge), into the cache only trusted workers write."""
     env = {**env, CACHE_ENV: str(cache_root())}  # the same cache, whatever HOME says inside
     # Compiler caches per evaluation under every mechanism: concurrent evaluations (a pool) never
-    # share one, and no kernel leaves a cached binary for another to load.
-    env.update(TRITON_CACHE_DIR=str(scratch / ".triton"), CUDA_CACHE_PATH=str(scratch / ".nv"),
-               TILELANG_CACHE_DIR=str(scratch / ".tilelang"))
+    # share one, and no kernel leaves a cached binary for another to load. The judge shares the
+    # candidate's scratch directory, so its caches are elsewhere: a binary the candidate planted in
+    # its own cache would otherwise compute the judge's reference.
+    caches = cache_root() / "judge" if trusted else scratch
+    env.update(TRITON_CACHE_DIR=str(caches / ".triton"), CUDA_CACHE_PATH=str(caches / ".nv"),
+               TILELANG_CACHE_DIR=str(caches / ".tilelang"))
     if mech is Mechanism.BWRAP:
         env.update(TMPDIR="/tmp", TILELANG_TMP_DIR="/tmp")
     elif mech is Mechanism.LANDLOCK:  # the host's /tmp is read-only to it

@@ -44,6 +44,11 @@ ALLOWED_ENV = {
     "NVSHMEM_DISABLE_NVLS", "TILELANG_CACHE_DIR", "TILELANG_TMP_DIR", "TILELANG_DEFAULT_TARGET",
 }
 MARKER = SANDBOX_ENV
+# `python -m` would put the working directory (the scratch directory, which the candidate writes) first on
+# sys.path, and the judge, started there after it, would import a planted `optagent` or `torch`: the
+# worker is run with that entry removed before anything is imported (-P says the same from Python 3.11).
+WORKER = (sys.executable, "-c", "import sys; del sys.path[0]; import runpy; "
+          "runpy.run_module('optagent.worker', run_name='__main__', alter_sys=True)")
 TICK = 0.25  # seconds between looks at the worker's limits
 KILL_WAIT_S = 30.0  # after SIGKILL: a process the kernel cannot take down yet is left, not waited on
 
@@ -249,7 +254,7 @@ def _command(job: Job, scratch: Path, job_file: str, wfd: int, marker: str, mech
              limits, prefix: Sequence[str] = (), timeout_s: Optional[float] = None) -> tuple[list[str], dict[str, str]]:
     """The worker's command line and environment under `mech`. Only the judge may write the cache
     (measured ceilings, host speed); a candidate's compiler runs inside its sandbox, so its path is readable."""
-    env = isolation.worker_env(child_env(job.device, marker), mech, scratch)
+    env = isolation.worker_env(child_env(job.device, marker), mech, scratch, trusted=job.mode == "judge")
     env.update(rlimits(limits, job.device, isolation.describe(mech).user_ns, timeout_s))
     writable = [cache_root()] if job.mode == "judge" else []
     for w in writable:
@@ -257,7 +262,7 @@ def _command(job: Job, scratch: Path, job_file: str, wfd: int, marker: str, mech
     reads = [p for p in (job.compiler or []) + (settings().nvcc or "").split() if os.path.isabs(p)]
     reads += [str(Path(p).resolve().parent) for p in prefix[:1] if os.path.isabs(p)]  # ncu's own folder
     env.update(isolation.landlock_env(mech, scratch, writable))
-    argv = [*prefix, sys.executable, "-m", "optagent.worker", job_file, str(wfd)]
+    argv = [*prefix, *WORKER, job_file, str(wfd)]
     return isolation.wrap(argv, env, mech, scratch, job.device, job.task_dir, writable, reads), env
 
 
