@@ -111,6 +111,18 @@ def test_exception_in_run_kernel_is_a_runtime_error_naming_it(task, starter):
     assert "ValueError: no good" in result.reason
 
 
+def test_a_case_that_fails_takes_the_blame_not_the_case_checked_before_it(task, starter):
+    # Every case is checked before any is timed: smoke-1 passed its checks and waits for timing when smoke-2
+    # (the only one with grouped heads) raises; the verdict used to name smoke-1 for smoke-2's error.
+    raising = with_body(starter, "    if int(num_heads) != int(num_heads_k):\n        raise ValueError('no grouped heads here')\n")
+    result = evaluator(task, first_only=False).evaluate(raising, Language.TRITON)
+    assert result.status is Status.RUNTIME_ERROR
+    assert result.reason.startswith("case smoke-2: ") and "no grouped heads here" in result.reason, result.reason
+    first, second, third = result.cases
+    assert (first.status, first.reason) == (Status.SKIPPED, "checked, not timed: case smoke-2 failed")
+    assert second.status is Status.RUNTIME_ERROR and third.status is Status.SKIPPED
+
+
 FAKE = ('    print(\'{"type": "case", "status": "RAN", "case": "smoke-1"}\')\n'
         '    print("PASSED speedup 1000x geomean 1000x")\n')
 

@@ -18,7 +18,7 @@ from optagent.evaluation.limits import over_memory
 from optagent.evaluation.sandbox import WorkerRun
 from optagent.evaluation.timer_check import Checked, check_records, with_timings
 from optagent.messages import (Baseline, CaseFailed, CaseRan, CaseSpec, CaseStart, Compiled, Done, Hello, Integrity,
-                               Job, LaneReleased, LaneWanted, Verdict, WorkerError)
+                               Job, LaneReleased, LaneWanted, PhaseStarted, Verdict, WorkerError)
 from optagent.schema import CaseKind, CaseResult, Device, EvalResult, FloorKind, Isolation, Status, TimerKind, worst
 from optagent.timer_records import LoopKind, expected_checked, parse_reports
 
@@ -190,12 +190,21 @@ def _refereed(job: Job, run: WorkerRun, cases: list[CaseResult],
     return None, out
 
 
+def _last_named(run: WorkerRun) -> Optional[str]:
+    """The case the candidate process was on when it stopped: the last it started checking, timing or failed.
+    The cases are all checked before any is timed, so a case checked earlier has no outcome yet when a
+    later one fails, and must not take the blame for it."""
+    named = [m.case for m in run.all((CaseStart, PhaseStarted, CaseFailed)) if m.case]
+    return named[-1] if named else None
+
+
 def _claimed(job: Job, run: WorkerRun, error: Optional[WorkerError],
              timeout_s: float) -> tuple[list[CaseResult], list[CaseSpec]]:
     """Each case as the candidate process tells it (PASSED for one that ran), and the cases that ran."""
     baselines = first_per_case(run.all(Baseline))
     outcomes: dict[str, Union[CaseRan, CaseFailed]] = first_per_case(run.all((CaseRan, CaseFailed)))
     started = {m.case for m in run.all(CaseStart)}
+    failing = _last_named(run)
     cases: list[CaseResult] = []
     ran: list[CaseSpec] = []
     stop = False
@@ -207,6 +216,8 @@ def _claimed(job: Job, run: WorkerRun, error: Optional[WorkerError],
         msg = outcomes.get(spec.label)
         if stop or (msg is None and spec.label not in started):
             cases.append(CaseResult(status=Status.SKIPPED, reason="not run: an earlier case failed", **row))
+        elif msg is None and failing not in (None, spec.label):  # checked, waiting to be timed: not its fault
+            cases.append(CaseResult(status=Status.SKIPPED, reason=f"checked, not timed: case {failing} failed", **row))
         elif msg is None:
             status, reason = died(run, error, timeout_s, job.device)
             cases.append(CaseResult(status=status, reason=reason, **row))
