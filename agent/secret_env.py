@@ -6,7 +6,7 @@ at start-up, moves each secret-looking variable into an anonymous memory file, s
 itself again (same process id) without them, reads them back and closes the file: from
 then on they live only in this process's memory, where ``get`` finds them, and the
 process is marked non-dumpable, which keeps its /proc files (environ, mem, fd) from other
-processes of the user. Worker processes never see them (sandbox.child_env).
+processes of the user. Worker processes never see them (worker_command.child_env).
 """
 
 from __future__ import annotations

@@ -171,14 +171,14 @@ def test_modules_planted_in_the_scratch_directory_never_run_in_the_judge(task, m
 
 def test_the_judges_compiler_caches_are_out_of_the_candidates_reach(tmp_path):
     from optagent.cache import cache_root
-    from optagent.evaluation.sandbox import _command
+    from optagent.evaluation.worker_command import command
     from optagent.evaluation.limits import limits_for
 
     scratch = tmp_path / "eval"
     scratch.mkdir()
     for mode, inside in (("candidate", True), ("judge", False)):
         job = Job(mode=mode, task_dir="/x", device="cpu", nonce="n" * 32, scratch=str(scratch))
-        argv, env = _command(job, scratch, "fd:9", 8, "m", isolation.mechanism(), limits_for("cpu"))
+        argv, env = command(job, scratch, "fd:9", 8, "m", isolation.mechanism(), limits_for("cpu"))
         for name in ("TRITON_CACHE_DIR", "CUDA_CACHE_PATH", "TILELANG_CACHE_DIR"):
             assert Path(env[name]).is_relative_to(scratch) is inside, (mode, name, env[name])
             assert inside or Path(env[name]).is_relative_to(cache_root())

@@ -25,7 +25,7 @@ from optagent.cli.main import main
 from optagent.evaluation import isolation
 from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
 from optagent.evaluation.limits import Limits, LogTap, Watch
-from optagent.evaluation.sandbox import child_env
+from optagent.evaluation.worker_command import child_env
 from optagent.schema import EvalResult, Language, Mechanism, Status
 from optagent.task import load_task
 
@@ -165,7 +165,7 @@ def orchestrate(mech: Mechanism, scratch: Path) -> str:
         import subprocess, sys
         from pathlib import Path
         from optagent.evaluation import isolation
-        from optagent.evaluation.sandbox import child_env
+        from optagent.evaluation.worker_command import child_env
         from optagent.schema import Mechanism
         mech, scratch = Mechanism({mech.value!r}), Path({str(scratch)!r})
         env = isolation.worker_env(child_env("cpu", "marker"), mech, scratch)

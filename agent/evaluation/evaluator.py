@@ -22,7 +22,7 @@ from optagent.cache import cache_root, write_json
 from optagent.integrity import python_syntax_error, static_verdict
 from optagent.secret_env import redact
 from optagent.worker.interpreter_faults import source_uses_dot, source_uses_fp8
-from optagent.evaluation import isolation
+from optagent.evaluation import isolation, warm_worker
 from optagent.evaluation.cost_clock import CostClock
 from optagent.evaluation.lanes import Control
 from optagent.evaluation.limits import limits_for, record
@@ -32,6 +32,7 @@ from optagent.evaluation.safe_files import open_samples
 from optagent.evaluation.sandbox import WorkerRun, run_worker
 from optagent.evaluation.scratch import keep_scratch, new_scratch, remove_scratch, scratch_fd
 from optagent.evaluation.verdict import assemble, timed_by_timer
+from optagent.evaluation.warm_worker import WarmWorker
 from optagent.text import plain_tree
 from optagent.messages import Baseline, CaseSpec, Done, Job, Probed, ProbedCase, TimingSpec, WorkerError
 from optagent.progress import Phase, PipeRelay, Progress, ProgressSink
@@ -161,6 +162,7 @@ class SandboxEvaluator:
                               cases=[], wall_s=time.monotonic() - start)
         scratch, nonce = new_scratch(self.scratch_root)
         clock = CostClock(started=start)
+        early: Optional[WarmWorker] = None
         try:
             src = scratch / f"candidate{language.ext}"
             src.write_text(source, encoding="utf-8")
@@ -171,6 +173,8 @@ class SandboxEvaluator:
                             time_baseline=baselines is None, timer=timer)
             if progress:
                 progress(Progress(phase=Phase.STARTING))
+            if judge and warm_worker.available():  # started now, it is ready when the candidate ends
+                early = WarmWorker(job.model_copy(update={"mode": "judge", "timer": None}), self.timeout_s, control)
             heard = [f for f in (relay, clock, gate.on_message if gate else None) if f]
             run = run_worker(job, self.timeout_s, on_message=lambda m: [f(m) for f in heard], control=gate)
             clock.worker_ended()
@@ -183,11 +187,13 @@ class SandboxEvaluator:
             def judged(jjob: Job) -> WorkerRun:
                 t0 = time.monotonic()
                 try:
-                    return self._judge(jjob, relay, control)
+                    return self._judge(jjob, relay, control, early)
                 finally:
                     clock.judge_s = time.monotonic() - t0
             result = assemble(job, run, judged if judge else None, source_sha256=sha, timeout_s=self.timeout_s, started=start)
         finally:
+            if early:
+                early.abandon()  # unused (no case ran), or already collected
             (keep_scratch if self.keep else remove_scratch)(scratch)
         result = result.model_copy(update={"costs": clock.costs()})
         if self.profiler is not None and result.status is Status.PASSED:
@@ -227,13 +233,17 @@ class SandboxEvaluator:
                    seed=secrets.randbits(40), nonce=nonce, scratch=str(scratch), timing=self.timing,
                    compiler=self.compiler, guard=self.guard, target_facts=self.target_facts, **fields)
 
-    def _judge(self, job: Job, relay: Optional[PipeRelay], control: Optional[Control] = None) -> WorkerRun:
+    def _judge(self, job: Job, relay: Optional[PipeRelay], control: Optional[Control] = None,
+               early: Optional[WarmWorker] = None) -> WorkerRun:
+        """early: the judge's process, started beside the candidate's (evaluation/warm_worker.py)."""
         if relay:
             relay.judging(job.cases)
         # The saved outputs opened here, by the parent, under the names the harness gives them: the
         # judge reads descriptors, never a path the candidate's message names (evaluation/safe_files.py).
         job, fds = open_samples(job, scratch_fd(Path(job.scratch)))
         try:
+            if early:
+                return early.run(job, fds, on_message=relay)
             return run_worker(job, self.timeout_s, on_message=relay, control=control, fds=fds)
         finally:
             for fd in fds:

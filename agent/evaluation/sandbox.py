@@ -16,51 +16,23 @@ import secrets
 import select
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
-from optagent.cache import cache_root
 from optagent.evaluation import isolation, safe_files
 from optagent.evaluation.lanes import Control, Stopped
-from optagent.evaluation.limits import LogTap, Watch, limits_for, record, rlimits
+from optagent.evaluation.limits import LogTap, Watch, limits_for, record
 from optagent.evaluation.referee import Referee
 from optagent.evaluation.report_pipe import ReportPipe
-from optagent.evaluation.scratch import (scratch_fd)
+from optagent.evaluation.scratch import scratch_fd
 from optagent.messages import M, Job, Message, parse_line, parse_messages
 from optagent.schema import Device, Isolation, Mechanism
-from optagent.secret_env import SECRET
-from optagent.settings import CACHE_ENV, NVCC_ENV, SANDBOX_ENV, settings
+from optagent.evaluation.worker_command import MARKER, command
 
-ALLOWED_ENV = {
-    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SHELL",
-    "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
-    "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX", "CC", "CXX",
-    "TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_PTXAS_PATH", CACHE_ENV, NVCC_ENV, "XDG_CACHE_HOME",
-    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "TORCH_CUDA_ARCH_LIST",
-    "TORCHINDUCTOR_CACHE_DIR", "TORCH_HOME", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
-    "NVSHMEM_DISABLE_NVLS", "TILELANG_CACHE_DIR", "TILELANG_TMP_DIR", "TILELANG_DEFAULT_TARGET",
-}
-MARKER = SANDBOX_ENV
-# `python -m` would put the working directory (the scratch directory, which the candidate writes) first on
-# sys.path, and the judge, started there after it, would import a planted `optagent` or `torch`: the
-# worker is run with that entry removed before anything is imported (-P says the same from Python 3.11).
-WORKER = (sys.executable, "-c", "import sys; del sys.path[0]; import runpy; "
-          "runpy.run_module('optagent.worker', run_name='__main__', alter_sys=True)")
 TICK = 0.25  # seconds between looks at the worker's limits
 KILL_WAIT_S = 30.0  # after SIGKILL: a process the kernel cannot take down yet is left, not waited on
-
-
-def child_env(device: Device, marker: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k in ALLOWED_ENV and not SECRET.search(k)}
-    env[MARKER] = marker  # not the nonce: the environment is readable by the candidate
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    if device == Device.CPU:
-        env["TRITON_INTERPRET"] = "1"
-    return env
 
 
 @dataclass
@@ -132,11 +104,56 @@ def run_worker(job: Job, timeout_s: float, on_message: Optional[Callable[[Messag
             os.close(dir_fd)
 
 
+@dataclass
+class Spawned:
+    """A worker process started, with everything the parent holds of it until it is collected."""
+
+    job: Job  # what the worker was started for: its mode, device and scratch (a warm worker's real job comes later)
+    proc: subprocess.Popen
+    rfd: int  # the result pipe's read end
+    tap: LogTap
+    watch: Watch
+    marker: str
+    mech: Mechanism
+    control: Control
+    report: Optional[ReportPipe]
+    referee: Optional[Referee]
+    start: float
+    collected: bool = False  # collect() has taken it down and closed what the parent held
+
+    def abandon(self) -> None:
+        """The worker is not wanted after all (a judge whose candidate failed): its group killed, all closed."""
+        if self.collected:
+            return
+        self.collected = True
+        _killpg(self.proc.pid)
+        _kill_marked(self.marker)
+        try:
+            self.proc.wait(timeout=KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            pass
+        os.close(self.rfd)
+        self.control.close()
+        self.tap.close()
+        if self.report:
+            self.report.abandon()
+        if self.referee:
+            self.referee.abandon()
+
+
 def _run(job: Job, timeout_s: float, on_message: Optional[Callable[[Message], None]], control: Optional[Control],
          prefix: Sequence[str], scratch: Path, dir_fd: int, fds: Sequence[int]) -> WorkerRun:
-    # The job by descriptor, the log through the directory's descriptor: a link or FIFO the candidate
-    # left in its scratch directory redirects or blocks nothing (evaluation/safe_files.py).
+    # The job by descriptor: nothing on disk to plant or redirect (evaluation/safe_files.py).
     job_fd = safe_files.job_fd(job)
+    spawned = spawn(job, job_fd, f"fd:{job_fd}", timeout_s, control, prefix, scratch, dir_fd, fds)
+    return collect(spawned, job, timeout_s, on_message, spawned.start)
+
+
+def spawn(job: Job, job_fd: int, job_arg: str, timeout_s: float, control: Optional[Control], prefix: Sequence[str],
+          scratch: Path, dir_fd: int, fds: Sequence[int] = ()) -> Spawned:
+    """Start the worker for `job` (its job to be read from job_fd, named to it as job_arg); job_fd is closed
+    here, the child holding its own. The log goes through the directory's descriptor: a link or FIFO the
+    candidate left in its scratch directory redirects or blocks nothing (evaluation/safe_files.py)."""
     try:
         log_fd = safe_files.create(dir_fd, f"{job.mode}.log")
     except BaseException:
@@ -149,7 +166,7 @@ def _run(job: Job, timeout_s: float, on_message: Optional[Callable[[Message], No
     limits = limits_for(job.device)
     report = ReportPipe() if job.mode in ("candidate", "baseline") and job.timer is not None else None
     referee = Referee() if refereed(job) else None
-    argv, env = _command(job, scratch, f"fd:{job_fd}", wfd, marker, mech, limits, prefix, timeout_s)
+    argv, env = command(job, scratch, job_arg, wfd, marker, mech, limits, prefix, timeout_s)
     control = control or Control()
     env.update(control.env)
     env.update(referee.env if referee else {})
@@ -180,11 +197,18 @@ def _run(job: Job, timeout_s: float, on_message: Optional[Callable[[Message], No
     if referee:
         referee.started()
     tap = LogTap(lfd, log_fd, limits.output_bytes)
-    watch = Watch(proc.pid, limits, tap, job.mode, scratch)
+    return Spawned(job, proc, rfd, tap, Watch(proc.pid, limits, tap, job.mode, scratch), marker, mech, control,
+                   report, referee, start)
+
+
+def collect(sp: Spawned, job: Job, timeout_s: float, on_message: Optional[Callable[[Message], None]],
+            since: float) -> WorkerRun:
+    """Read the worker's messages to its end (timeout_s counted from `since`), then take it down."""
+    proc, rfd, control, watch = sp.proc, sp.rfd, sp.control, sp.watch
     limit: Optional[str] = None
     chunks: list[bytes] = []
     timed_out = False
-    deadline = start + timeout_s
+    deadline = since + timeout_s
     interrupted = False
     pending = b""
     try:
@@ -216,6 +240,7 @@ def _run(job: Job, timeout_s: float, on_message: Optional[Callable[[Message], No
         interrupted = True
         raise
     finally:
+        sp.collected = True
         os.close(rfd)
         if timed_out or interrupted or limit:
             _killpg(proc.pid)
@@ -231,16 +256,17 @@ def _run(job: Job, timeout_s: float, on_message: Optional[Callable[[Message], No
                 pass
         limit = limit or late
         _killpg(proc.pid)  # children the worker left behind in its group
-        _kill_marked(marker)
+        _kill_marked(sp.marker)
         control.close()  # its lane, if it held one, is free
-        tail = tap.close()[-4000:]  # read from memory, never the whole log
-        lines = report.finish() if report else []
-        if referee:
-            referee.finish()
+        tail = sp.tap.close()[-4000:]  # read from memory, never the whole log
+        lines = sp.report.finish() if sp.report else []
+        if sp.referee:
+            sp.referee.finish()
     messages, foreign = parse_messages(b"".join(chunks), job.nonce)
-    iso = record(isolation.describe(mech), limits)
-    return WorkerRun(messages, foreign, isolation.returncode(mech, proc.returncode), timed_out,
-                     time.monotonic() - start, tail, iso, limit, report.secret if report else None, lines, referee)
+    iso = record(isolation.describe(sp.mech), sp.watch.limits)
+    return WorkerRun(messages, foreign, isolation.returncode(sp.mech, proc.returncode), timed_out,
+                     time.monotonic() - since, tail, iso, limit, sp.report.secret if sp.report else None, lines,
+                     sp.referee)
 
 
 def refereed(job: Job) -> bool:
@@ -248,22 +274,6 @@ def refereed(job: Job) -> bool:
     (A GPU's microsecond calls want a referee that answers faster than a thread of this process; until
     one is measured on a GPU, the native timer's records and their checks stand alone there.)"""
     return job.mode in ("candidate", "baseline") and job.device is Device.CPU
-
-
-def _command(job: Job, scratch: Path, job_file: str, wfd: int, marker: str, mech: Mechanism,
-             limits, prefix: Sequence[str] = (), timeout_s: Optional[float] = None) -> tuple[list[str], dict[str, str]]:
-    """The worker's command line and environment under `mech`. Only the judge may write the cache
-    (measured ceilings, host speed); a candidate's compiler runs inside its sandbox, so its path is readable."""
-    env = isolation.worker_env(child_env(job.device, marker), mech, scratch, trusted=job.mode == "judge")
-    env.update(rlimits(limits, job.device, isolation.describe(mech).user_ns, timeout_s))
-    writable = [cache_root()] if job.mode == "judge" else []
-    for w in writable:
-        w.mkdir(parents=True, exist_ok=True)
-    reads = [p for p in (job.compiler or []) + (settings().nvcc or "").split() if os.path.isabs(p)]
-    reads += [str(Path(p).resolve().parent) for p in prefix[:1] if os.path.isabs(p)]  # ncu's own folder
-    env.update(isolation.landlock_env(mech, scratch, writable))
-    argv = [*prefix, *WORKER, job_file, str(wfd)]
-    return isolation.wrap(argv, env, mech, scratch, job.device, job.task_dir, writable, reads), env
 
 
 def _die_with_parent() -> None:

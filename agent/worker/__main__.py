@@ -18,29 +18,53 @@ import traceback
 from pathlib import Path
 
 from optagent.worker import lane  # noqa: F401 (first: its clock starts the cost split's imports)
+from optagent import job_channel
 from optagent.messages import Channel, Job, WorkerError
 from optagent.worker import landlock, seccomp
 from optagent.worker.limits import apply_rlimits
 
 
-def read_job(where: str) -> bytes:
-    """The job: ``fd:N`` is the parent's memory file (evaluation/safe_files.py), read and closed; a
-    path is read and unlinked. It holds the nonce and the seeds: gone before any candidate code runs."""
+def read_job(where: str) -> Job:
+    """The job: ``fd:N`` is the parent's memory file (evaluation/safe_files.py), read and closed; ``sock:N`` a
+    socket the job comes on later (a warm worker: job_channel.py), its descriptors mapped to this process's
+    numbers; a path is read and unlinked. It holds the nonce and the seeds: gone before any candidate code runs."""
     if where.startswith("fd:"):
         with os.fdopen(int(where[3:]), "rb") as f:
-            return f.read()
+            return Job.model_validate_json(f.read())
+    if where.startswith("sock:"):
+        data, mapped = job_channel.receive(int(where[5:]))
+        job = Job.model_validate_json(data)
+        samples = {case: [s.model_copy(update={"fd": mapped.get(s.fd) if s.fd is not None else None}) for s in listed]
+                   for case, listed in job.samples.items()}
+        return job.model_copy(update={"samples": samples})
     path = Path(where)
     data = path.read_bytes()
     path.unlink()
-    return data
+    return Job.model_validate_json(data)
+
+
+def warm_up() -> None:
+    """A warm worker (the judge, started beside its candidate) does what every judge does first while it
+    waits: torch and the judge's modules imported, and the device's context made on a GPU."""
+    import torch
+
+    from optagent.worker import judge  # noqa: F401
+
+    if not os.environ.get("TRITON_INTERPRET") and torch.cuda.is_available():
+        torch.zeros(1, device="cuda")
 
 
 def main() -> None:
     apply_rlimits()
-    job = Job.model_validate_json(read_job(sys.argv[1]))
+    warm = sys.argv[1].startswith("sock:")
+    if warm:
+        landlock.apply_from_env()
+        warm_up()
+    job = read_job(sys.argv[1])
     chan = Channel(int(sys.argv[2]), job.nonce)
     try:
-        landlock.apply_from_env()  # before any package or candidate code: the file system read-only but scratch
+        if not warm:
+            landlock.apply_from_env()  # before any package or candidate code: the file system read-only but scratch
         if job.mode in ("candidate", "profile"):  # the processes that load candidate code
             seccomp.restrict()
         if job.mode in ("candidate", "baseline") and job.timer is not None:
