@@ -24,7 +24,8 @@ import pytest
 from optagent.cli.main import main
 from optagent.evaluation import isolation
 from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
-from optagent.evaluation.limits import Limits, LogTap, Watch
+from optagent.evaluation.limits import Limits, Watch
+from optagent.evaluation.log_tap import LogTap
 from optagent.evaluation.worker_command import child_env
 from optagent.schema import EvalResult, Language, Mechanism, Status
 from optagent.task import load_task

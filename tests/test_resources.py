@@ -121,3 +121,31 @@ def test_processor_time_is_bounded_by_the_kernel():
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code], env=env, timeout=60)
     assert proc.returncode in (-signal.SIGXCPU, -signal.SIGKILL) and time.monotonic() - t0 < 30
+
+
+def test_the_disk_limit_counts_what_the_worker_adds_not_what_was_there(tmp_path):
+    # A judge shares its candidate's scratch directory: the candidate's saved outputs are not its own writes.
+    (tmp_path / "outputs.pt").write_bytes(b"x" * (24 << 20))
+    limits = Limits(memory_bytes=None, disk_bytes=16 << 20)
+    add = "import time\nwith open('mine', 'wb') as f:\n    f.write(b'x' * ({} << 20))\n    f.flush()\ntime.sleep(30)"
+    assert watched([sys.executable, "-c", "import time; time.sleep(2)"], limits, tmp_path, seconds=1.5) == ""
+    why = watched([sys.executable, "-c", add.format(20)], limits, tmp_path)
+    assert "exceeded the 16 MiB disk limit" in why, why
+
+
+def test_a_warm_workers_disk_counts_from_its_job(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], cwd=tmp_path)
+    try:
+        watch = Watch(proc.pid, Limits(memory_bytes=None, disk_bytes=16 << 20), NO_OUTPUT, "judge", tmp_path,
+                      disk_now=False)
+        (tmp_path / "outputs.pt").write_bytes(b"x" * (24 << 20))  # the candidate writes while the judge waits
+        assert watch.check() is None
+        watch.count_disk()
+        watch._next = 0.0
+        assert watch.check() is None
+        (tmp_path / "judge-wrote").write_bytes(b"x" * (20 << 20))
+        watch._next = 0.0
+        assert "exceeded the 16 MiB disk limit" in (watch.check() or "")
+    finally:
+        proc.kill()
+        proc.wait()

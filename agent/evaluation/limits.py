@@ -1,9 +1,8 @@
 """Bounds on what one worker process may take: host memory, processes and threads, output.
 
 Enforced from outside, by the parent: every TICK it sums the resident anonymous and shared
-memory and the threads of the worker's process tree, and stops the worker over a limit;
-its stdout and stderr come through a pipe that a thread drains into a log file capped on
-disk, keeping only the tail in memory. On CPU the worker also sets RLIMIT_DATA on itself
+memory and the threads of the worker's process tree, and stops the worker over a limit
+(its output: evaluation/log_tap.py). On CPU the worker also sets RLIMIT_DATA on itself
 (worker/limits.py), so an allocation past the limit fails at once; on a GPU it does not
 (CUDA maps large private ranges), and the memory limit there is a generous one. In a user
 namespace it sets RLIMIT_NPROC too, which the kernel counts per namespace (except for root).
@@ -14,19 +13,17 @@ from __future__ import annotations
 
 import os
 import re
-import select
 import subprocess
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional
 
+from optagent.evaluation.log_tap import LogTap
 from optagent.schema import Isolation
 from optagent.settings import RLIMITS_ENV, settings
 
 OUTPUT_BYTES = 64 << 20
-TAIL_BYTES = 64 << 10  # what the parent keeps of the output in memory
 TASKS = 4096  # processes and threads of one worker (the kernel's count: /proc/<pid>/status Threads)
 DISK_BYTES = {"cpu": 2 << 30, "cuda": 8 << 30}  # its scratch directory on disk
 DISK_ENTRIES = 20000  # files and directories in it: a walk past this many is itself over the limit
@@ -92,48 +89,6 @@ def over_memory(text: str, iso: Isolation, device: str) -> Optional[str]:
     if device == "cpu" and iso.memory_gib and ALLOCATION_FAILED.search(text):
         return f"the candidate process exceeded the {iso.memory_gib:g} GiB memory limit ({text.strip()[:300]})"
     return None
-
-
-class LogTap:
-    """Drains a worker's stdout+stderr into `path`, at most `cap` bytes on disk, the tail in memory."""
-
-    def __init__(self, fd: int, path: Union[Path, int], cap: int):
-        """path: the log file, or a descriptor the caller opened safely for it (evaluation/safe_files.py)."""
-        self.fd, self.cap, self.total = fd, cap, 0
-        self.file = open(path, "wb")
-        self.tail = bytearray()
-        self.over = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._drain, name="optagent-log", daemon=True)
-        self._thread.start()
-
-    def _drain(self) -> None:
-        while not self._stop.is_set():
-            ready, _, _ = select.select([self.fd], [], [], 0.2)
-            if not ready:
-                continue
-            data = os.read(self.fd, 1 << 16)
-            if not data:
-                return
-            room = self.cap - self.total
-            if room > 0:
-                self.file.write(data[:room])
-            self.total += len(data)
-            if self.total > self.cap and not self.over.is_set():
-                self.file.write(f"\n[optagent: output over {self.cap >> 20} MiB was cut here]\n".encode())
-                self.over.set()
-            self.tail += data[-TAIL_BYTES:]
-            del self.tail[:-TAIL_BYTES]
-
-    def close(self, wait_s: float = 5.0) -> str:
-        """Stops draining once the writers are gone (or after wait_s); returns the tail."""
-        self._thread.join(wait_s)
-        self._stop.set()
-        self._thread.join(1.0)
-        if not self._thread.is_alive():
-            os.close(self.fd)
-            self.file.close()
-        return self.tail.decode(errors="replace")
 
 
 def _read(path: str) -> bytes:
@@ -251,10 +206,20 @@ def disk_usage(top: Path, limit: int = DISK_ENTRIES) -> tuple[int, int]:
 class Watch:
     """Looks at a running worker; check() says which limit it broke, once it has."""
 
-    def __init__(self, pid: int, limits: Limits, tap: LogTap, who: str, scratch: Optional[Path] = None):
+    def __init__(self, pid: int, limits: Limits, tap: LogTap, who: str, scratch: Optional[Path] = None,
+                 disk_now: bool = True):
+        """The disk limit counts what the worker adds to its scratch directory (a judge shares its candidate's);
+        disk_now=False: nothing until count_disk() (a warm judge, waiting while its candidate writes there)."""
         self.pid, self.limits, self.tap, self.who, self.scratch = pid, limits, tap, who, scratch
         self.peak_bytes = 0
         self._next = 0.0
+        self._disk_base: Optional[tuple[int, int]] = None
+        if disk_now:
+            self.count_disk()
+
+    def count_disk(self) -> None:
+        if self.limits.disk_bytes and self.scratch is not None:
+            self._disk_base = disk_usage(self.scratch)
 
     def check(self) -> Optional[str]:
         if self.tap.over.is_set():
@@ -271,8 +236,9 @@ class Watch:
                     f"({memory / 2**30:.1f} GiB resident)")
         if threads > self.limits.tasks:
             return f"the {self.who} process exceeded the limit of {self.limits.tasks} processes and threads"
-        if self.limits.disk_bytes and self.scratch is not None:
+        if self.limits.disk_bytes and self.scratch is not None and self._disk_base is not None:
             used, entries = disk_usage(self.scratch)
+            used, entries = used - self._disk_base[0], entries - self._disk_base[1]
             if used > self.limits.disk_bytes or entries > DISK_ENTRIES:
                 return (f"the {self.who} process exceeded the {self.limits.disk_bytes >> 20} MiB disk limit of its "
                         f"scratch directory ({used >> 20} MiB in {entries} entries; at most {DISK_ENTRIES})")

@@ -23,7 +23,8 @@ from typing import Callable, Optional, Sequence, Union
 
 from optagent.evaluation import isolation, safe_files
 from optagent.evaluation.lanes import Control, Stopped
-from optagent.evaluation.limits import LogTap, Watch, limits_for, record
+from optagent.evaluation.limits import Watch, limits_for, record
+from optagent.evaluation.log_tap import LogTap
 from optagent.evaluation.referee import Referee
 from optagent.evaluation.report_pipe import ReportPipe
 from optagent.evaluation.scratch import scratch_fd
@@ -197,8 +198,8 @@ def spawn(job: Job, job_fd: int, job_arg: str, timeout_s: float, control: Option
     if referee:
         referee.started()
     tap = LogTap(lfd, log_fd, limits.output_bytes)
-    return Spawned(job, proc, rfd, tap, Watch(proc.pid, limits, tap, job.mode, scratch), marker, mech, control,
-                   report, referee, start)
+    watch = Watch(proc.pid, limits, tap, job.mode, scratch, disk_now=not job_arg.startswith("sock:"))
+    return Spawned(job, proc, rfd, tap, watch, marker, mech, control, report, referee, start)
 
 
 def collect(sp: Spawned, job: Job, timeout_s: float, on_message: Optional[Callable[[Message], None]],

@@ -53,6 +53,7 @@ class WarmWorker:
     def run(self, job: Job, fds: list[int], on_message: Optional[Callable[[Message], None]] = None) -> WorkerRun:
         """Send the job (and the descriptors it names) and read the worker to its end."""
         since = time.monotonic()
+        self.spawned.watch.count_disk()  # the candidate's outputs are there: the judge's own writes count
         try:
             job_channel.send(self.sock, job.model_dump_json().encode(), fds)
         except OSError:
