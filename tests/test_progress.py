@@ -49,7 +49,7 @@ def test_a_real_cpu_evaluation_reports_its_phases_in_order(task_dir):
     ]
     # real time: the case events came while the worker ran, seconds apart, not all at its end
     at = {(e.phase, e.case): t for t, e in events}
-    assert at[(Phase.JUDGING, None)] - at[(Phase.CASE, "smoke-1")] > 1.0
+    assert at[(Phase.JUDGING, None)] - at[(Phase.CASE, "smoke-1")] > 0.3  # its checks and timing between
     # the evaluator knows no step and no subject: the loop stamps those
     assert all(e.step is None and e.subject is Subject.CANDIDATE for _, e in events)
 

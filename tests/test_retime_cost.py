@@ -32,6 +32,16 @@ def pool_and_modes(task_dir, monkeypatch):
         modes.append(job.mode)
         return real(job, *args, **kwargs)
     monkeypatch.setattr(evaluator_module, "run_worker", counted)
+
+    class Warm(evaluator_module.WarmWorker):  # a judge started beside its candidate (evaluation/warm_worker.py)
+        def __init__(self, template, *args, **kwargs):
+            modes.append("warm " + template.mode)
+            super().__init__(template, *args, **kwargs)
+
+        def run(self, job, *args, **kwargs):
+            modes.append(job.mode)
+            return super().run(job, *args, **kwargs)
+    monkeypatch.setattr(evaluator_module, "WarmWorker", Warm)
     # the scan off in the state test: its kernel reaches for process state the scan would refuse
     ev = SandboxEvaluator(task, "cpu", select_cases(task, "cpu", 0, None, hidden=False)[:1], timeout_s=150,
                           static_scan=False)
@@ -50,7 +60,7 @@ def test_a_retime_runs_no_judge(pool_and_modes):
     again = pool.retime([PoolJob(0, source, Language.TRITON), PoolJob(1, source, Language.TRITON)])
     assert [r.status for r in again] == [Status.PASSED, Status.PASSED]
     # two candidate processes and no judge (the lane's baseline job may run again: the host drifted)
-    assert modes.count("candidate") == 2 and "judge" not in modes, modes
+    assert modes.count("candidate") == 2 and "judge" not in modes and "warm judge" not in modes, modes
     assert all(r.costs.judge == 0 and r.cases[0].time_us for r in again)
 
 
