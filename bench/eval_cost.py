@@ -160,8 +160,11 @@ class Bench:
             ok = sum(r.status.ok for r in results)
             print(f"width {package:<13} {lang.value:<6} w={w} {n} candidates ({ok} passed) in {wall:.1f} s: "
                   f"{n / wall * 3600:.0f} cand/h, gpu busy {_f(busy, '.0f')}%", flush=True)
+            failed = [f"{r.status.value}: {(r.reason or '')[:240]}" for r in results if not r.status.ok]
+            for why in failed:
+                print(f"    {why}", flush=True)
             self.rows.append({"package": package, "lang": lang.value, "width": w, "n": n, "wall_s": wall,
-                              "gpu_busy": busy, "per_hour": n / wall * 3600})
+                              "gpu_busy": busy, "per_hour": n / wall * 3600, "failed": failed})
 
 
 def print_row(row: dict) -> None:
