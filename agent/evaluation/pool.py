@@ -23,16 +23,17 @@ import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
 
 from optagent import waits
 from optagent.evaluation.evaluator import SandboxEvaluator
-from optagent.evaluation.lanes import Control, Gate, Lane, OrderedLane, visible_gpus
+from optagent.evaluation.lanes import Control, Gate, Lane, OrderedLane, Stopped, visible_gpus
 from optagent.messages import Baseline, Done
 from optagent.progress import Progress, ProgressSink, stamped
 from optagent.protocols import PoolJob
-from optagent.schema import Device, EvalResult
+from optagent.schema import Device, EvalResult, Status
 from optagent.settings import settings
 from optagent.worker import host_speed
 
@@ -76,6 +77,8 @@ class LocalPool:
         self._lock = threading.Lock()
         self._baselines: dict[int, Future] = {}
         self.baseline_runs = 0  # how many times a baseline job ran (bench/, tests)
+        self._crowd = Crowd()
+        self.alone_runs = 0  # evaluations run again alone after their GPU ran out of memory in company
 
     @property
     def planned_isolation(self):
@@ -129,9 +132,21 @@ class LocalPool:
             lane, who, base = self.lane_list[index], object(), None
         try:
             future = base if base is not None else self._baseline(lane)
-            result = self.evaluator.evaluate_on(
-                job.source, job.language, stamped(sink, step=job.key), gate=Gate(lane, who, stop),
-                control=Control(lane.device, stop), baselines=lambda: _baselines_of(future), judge=fixed is None)
+
+            def once() -> EvalResult:
+                return self.evaluator.evaluate_on(
+                    job.source, job.language, stamped(sink, step=job.key), gate=Gate(lane, who, stop),
+                    control=Control(lane.device, stop), baselines=lambda: _baselines_of(future), judge=fixed is None)
+            with self._crowd.member():
+                result = once()
+                if fixed is None and self.jobs > 1 and out_of_device_memory(result) and not stop.is_set():
+                    # The evaluations beside it hold the GPU's memory too: not the kernel's fault until it
+                    # runs out alone. Once, with no other evaluation of this pool running.
+                    with self._crowd.alone(stop):
+                        self.alone_runs += 1
+                        again = once()
+                    result = again if not out_of_device_memory(again) else again.model_copy(
+                        update={"reason": f"{again.reason} (alone on the GPU too)"})
             return result.model_copy(update={"timed_on": lane.name})
         finally:
             if fixed is None:
@@ -162,6 +177,58 @@ class LocalPool:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+def out_of_device_memory(result: EvalResult) -> bool:
+    return result.device is Device.CUDA and result.status is Status.RUNTIME_ERROR and \
+        any(m in (result.reason or "") for m in ("CUDA out of memory", "OutOfMemoryError", "CUDA_ERROR_OUT_OF_MEMORY"))
+
+
+class Crowd:
+    """The pool's evaluations in flight; alone() waits until no other runs and lets none start meanwhile."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._running = 0
+        self._wanted = 0  # members waiting to run alone: no new member starts meanwhile
+        self._exclusive = False
+
+    @contextmanager
+    def member(self) -> Iterator[None]:
+        with self._cond:
+            while self._exclusive or self._wanted:
+                self._cond.wait()
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._running -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def alone(self, stop: threading.Event) -> Iterator[None]:
+        """Called by a member: it steps out while it waits, so two that ask at once take turns."""
+        with self._cond:
+            self._running -= 1
+            self._wanted += 1
+            self._cond.notify_all()
+            while self._exclusive or self._running > 0:
+                if stop.is_set():
+                    self._running += 1
+                    self._wanted -= 1
+                    self._cond.notify_all()
+                    raise Stopped("the evaluation was stopped while it waited to run alone")
+                self._cond.wait(0.5)
+            self._wanted -= 1
+            self._exclusive = True
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
 
 
 def _baselines_of(future: Future) -> list[Baseline]:

@@ -1,0 +1,80 @@
+"""A GPU shared by a pool's evaluations runs out of memory for reasons not the kernel's: such a failure is
+evaluated again with no other evaluation of the pool running, and counts only if it fails alone too."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from optagent.evaluation.pool import LocalPool
+from optagent.evaluation.sandbox import WorkerRun
+from optagent.protocols import PoolJob
+from optagent.schema import Device, EvalResult, Language, Status
+
+OOM = "case 9: OutOfMemoryError: CUDA out of memory. Tried to allocate 768.00 MiB."
+
+
+class CrowdedGpu:
+    """Each evaluation takes 0.3 s; `hungry` sources run out of memory whenever another runs beside them
+    (`greedy` ones always); `broken` ones fail otherwise. Records how many ran beside each."""
+
+    device = Device.CUDA
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.now = 0
+        self.calls: list[tuple[str, int]] = []  # (source, how many ran at once at its end)
+
+    def time_baselines(self, gate=None) -> WorkerRun:
+        if gate is not None:
+            gate.close()
+        return WorkerRun()
+
+    def evaluate_on(self, source, language, progress=None, *, gate=None, control=None, baselines=None, judge=True):
+        gate.close()
+        with self.lock:
+            self.now += 1
+            at_start = self.now
+        time.sleep(0.3)
+        with self.lock:
+            crowd = max(at_start, self.now)  # those it started after, or those that started after it
+            self.now -= 1
+            self.calls.append((source, crowd))
+        status, reason = Status.PASSED, None
+        if source == "greedy" or (source.startswith("hungry") and crowd > 1):
+            status, reason = Status.RUNTIME_ERROR, OOM
+        elif source == "broken":
+            status, reason = Status.RUNTIME_ERROR, "case 1: ValueError: no good"
+        return EvalResult(status=status, reason=reason, language=language, device=Device.CUDA, source_sha256=source,
+                          wall_s=0.3)
+
+
+def run(sources: list[str], jobs: int = 3) -> tuple[dict[str, EvalResult], CrowdedGpu, LocalPool]:
+    gpu = CrowdedGpu()
+    pool = LocalPool(gpu, jobs=jobs, devices=[None])
+    try:
+        got = {job.source: r for job, r in pool.evaluate([PoolJob(i, s, Language.TRITON) for i, s in enumerate(sources)])}
+    finally:
+        pool.close()
+    return got, gpu, pool
+
+
+def test_a_kernel_that_ran_out_of_memory_in_company_is_evaluated_again_alone():
+    got, gpu, pool = run(["hungry-1", "hungry-2", "hungry-3"])
+    assert all(r.status is Status.PASSED for r in got.values()), got
+    assert pool.alone_runs == 3
+    again = [crowd for source, crowd in gpu.calls[3:]]
+    assert again == [1, 1, 1]  # each second run had the GPU to itself
+
+
+def test_a_kernel_that_runs_out_alone_too_fails_and_other_failures_are_not_run_again():
+    got, gpu, pool = run(["greedy", "broken", "hungry-1"])
+    assert got["greedy"].status is Status.RUNTIME_ERROR and got["greedy"].reason.endswith("(alone on the GPU too)")
+    assert got["broken"].status is Status.RUNTIME_ERROR and [s for s, _ in gpu.calls].count("broken") == 1
+    assert got["hungry-1"].status is Status.PASSED
+    assert pool.alone_runs == 2
+
+
+def test_one_evaluation_at_a_time_is_never_run_twice():
+    got, gpu, pool = run(["greedy"], jobs=1)
+    assert got["greedy"].status is Status.RUNTIME_ERROR and pool.alone_runs == 0 and len(gpu.calls) == 1
