@@ -112,3 +112,20 @@ def test_a_judge_no_case_needs_is_taken_down_unused(task_dir, monkeypatch):
     assert result.status is Status.COMPILE_ERROR and "no kernel today" in (result.reason or "")  # at import
     assert len(rec.made) == 1 and rec.ran == 0 and rec.abandoned == 1
     assert rec.made[0].spawned.proc.poll() is not None  # killed, not left waiting
+
+
+@needs_bwrap
+def test_a_warm_judge_that_died_while_it_waited_is_replaced_by_a_fresh_one(task_dir, monkeypatch):
+    task = load_task(task_dir)
+    rec = Recorder(monkeypatch)
+    real_init = warm_worker.WarmWorker.__init__
+
+    def killed(self, *a, **k):  # a fault: the waiting judge is killed before its candidate ends
+        real_init(self, *a, **k)
+        os.killpg(self.spawned.proc.pid, 9)
+        self.spawned.proc.wait()
+    monkeypatch.setattr(warm_worker.WarmWorker, "__init__", killed)
+    ev = SandboxEvaluator(task, "cpu", select_cases(task, "cpu", 0, None, hidden=False)[:1], timeout_s=120)
+    result = ev.evaluate(task.starter(Language.TRITON).source, Language.TRITON)
+    assert result.status is Status.PASSED, result.reason  # judged all the same
+    assert rec.ran == 1 and result.cases[0].rel_err is not None

@@ -242,9 +242,8 @@ class SandboxEvaluator:
         # judge reads descriptors, never a path the candidate's message names (evaluation/safe_files.py).
         job, fds = open_samples(job, scratch_fd(Path(job.scratch)))
         try:
-            if early:
-                return early.run(job, fds, on_message=relay)
-            return run_worker(job, self.timeout_s, on_message=relay, control=control, fds=fds)
+            ran = early.run(job, fds, on_message=relay) if early else None
+            return ran or run_worker(job, self.timeout_s, on_message=relay, control=control, fds=fds)
         finally:
             for fd in fds:
                 os.close(fd)

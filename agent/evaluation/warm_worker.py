@@ -50,8 +50,13 @@ class WarmWorker:
             parent.close()
             raise
 
-    def run(self, job: Job, fds: list[int], on_message: Optional[Callable[[Message], None]] = None) -> WorkerRun:
-        """Send the job (and the descriptors it names) and read the worker to its end."""
+    def run(self, job: Job, fds: list[int],
+            on_message: Optional[Callable[[Message], None]] = None) -> Optional[WorkerRun]:
+        """Send the job (and the descriptors it names) and read the worker to its end; None, nothing sent,
+        when the worker is no longer there to take it (it died while it waited): the caller starts one."""
+        if self.spawned.proc.poll() is not None:
+            self.abandon()
+            return None
         since = time.monotonic()
         self.spawned.watch.count_disk()  # the candidate's outputs are there: the judge's own writes count
         try:
