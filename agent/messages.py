@@ -167,6 +167,9 @@ class CaseRan(Message):
     gpu: Optional[Timing] = None  # CUDA-graph replay (or events)
     gpu_note: Optional[str] = None
     kernels: list[KernelFacts] = Field(default_factory=list)
+    # the package's check() failed the kernel's output on the case's own inputs, in this process: not timed
+    # (nothing else is), the judge has the last word; a PASSED from it is a contradiction (verdict.py)
+    untimed: bool = False
 
 
 class CaseFailed(Message):

@@ -187,3 +187,19 @@ def test_cli_eval_json_and_exit_codes(tmp_path, task_dir, starter):
     bad.write_text(starter.replace("def run_kernel(", "def run_kernel((", 1))
     proc = subprocess.run(cmd[:5] + [str(bad), "--device", "cpu"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "COMPILE_ERROR" in proc.stdout
+
+
+def test_a_kernel_the_tasks_check_fails_is_never_timed():
+    # A manifest-less package: its derived smoke cases are contest cases cut down, which check() judges.
+    from pathlib import Path as _P
+
+    rms = load_task(_P(__file__).parent / "fixtures" / "packages" / "rmsnorm")
+    source = rms.starter(Language.TRITON).source
+    wrong = source.replace("(x * rstd * w).to(tl.bfloat16)", "(x * rstd * w * 1.5).to(tl.bfloat16)")
+    assert wrong != source
+    cases = select_cases(rms, "cpu", 0, None, smallest=[1])
+    right = SandboxEvaluator(rms, "cpu", cases, timeout_s=120).evaluate(source, Language.TRITON)
+    assert right.status is Status.PASSED and right.cases[0].time_us is not None and right.costs.timing > 0
+    result = SandboxEvaluator(rms, "cpu", cases, timeout_s=120).evaluate(wrong, Language.TRITON)
+    assert result.status is Status.INCORRECT, result.reason
+    assert "check() failed" in result.reason and result.cases[0].time_us is None and result.costs.timing == 0

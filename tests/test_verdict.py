@@ -262,3 +262,31 @@ def test_a_case_never_started_is_skipped_not_failed():
     result = evaluate(msgs, returncode=0)
     assert statuses(result) == {"smoke-1": Status.PASSED, "smoke-2": Status.SKIPPED, "hidden-1": Status.SKIPPED}
     assert result.status is Status.SKIPPED and result.reason == f"case smoke-2: {SKIPPED}"
+
+
+def untimed_run() -> list[Message]:
+    """check() failed smoke-2's output in the candidate's process: it is said untimed, and nothing more is timed."""
+    return up_to_cases() + [CaseStart(case="smoke-1"), CaseStart(case="smoke-2"),
+                            CaseRan(case="smoke-2", samples=ran("smoke-2").samples, load_ms=3.0, untimed=True), Done()]
+
+
+def test_a_case_check_failed_in_the_candidates_process_is_judged_untimed():
+    wrong = Verdict(case="smoke-2", status=Status.INCORRECT, reason="the task's check() failed", rel_err=0.9)
+    judge = Judge(verdicts={"smoke-2": wrong})
+    result = evaluate(untimed_run(), judge)
+    assert result.status is Status.INCORRECT and result.reason == "case smoke-2: the task's check() failed"
+    assert [c.label for c in judge.jobs[0].cases] == ["smoke-2"]  # judged, with no timed call asked for
+    first, second, hidden = result.cases
+    assert (first.status, first.reason) == (Status.SKIPPED, "checked, not timed: case smoke-2 failed")
+    assert second.time_us is None and hidden.status is Status.SKIPPED
+
+
+def test_an_untimed_case_the_judge_passes_is_rejected():
+    result = evaluate(untimed_run(), Judge())
+    assert result.status is Status.REJECTED and "untimed" in result.reason, result.reason
+
+
+def test_an_untimed_case_in_a_retime_is_incorrect():
+    result = assemble(job(), WorkerRun(untimed_run()), None, source_sha256="ab" * 32, timeout_s=60,
+                      started=time.monotonic())
+    assert result.status is Status.INCORRECT and "check() failed" in result.reason

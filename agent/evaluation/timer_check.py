@@ -119,7 +119,7 @@ def check_records(job: Job, records: list[Stamped], foreign: int, baselines: lis
                                                              "slow_host_calls", "host_slow", "after_us"}))
     # a pool's candidate job takes no baselines: its lane's baseline job did, checked alike (evaluator.py)
     wanted = [(m.case, LoopKind.BASELINE) for m in baselines] if job.time_baseline else []
-    wanted += [(m.case, LoopKind.EAGER) for m in ran if m.case in timed]
+    wanted += [(m.case, LoopKind.EAGER) for m in ran if m.case in timed and not m.untimed]
     wanted += [(m.case, LoopKind.GPU) for m in ran if m.case in timed and m.gpu is not None]
     missing = [k for k in wanted if k not in out.timings]
     if missing:

@@ -26,9 +26,8 @@ from optagent.timer_records import LoopKind, expected_checked, parse_reports
 # surface as an InterpreterError wrapping the Python error.
 COMPILE_FAILURE = re.compile(r"CompilationError|CompileError|InterpreterError: (NameError|SyntaxError|"
                              r"AttributeError|TypeError|UnboundLocalError)")
-# A time under 90% of the bytes/bandwidth floor is physically implausible. Only the memory
-# floor is used so: the compute floor rests on the framework GEMM's measured rate, which a
-# good kernel may beat.
+# A time under 90% of the bytes/bandwidth floor is physically implausible. Only the memory floor is used
+# so: the compute floor rests on the framework GEMM's measured rate, which a good kernel may beat.
 FLOOR_MARGIN = 0.9
 # Each of these is told once per run (per case where it names one): a second is not the harness's.
 # Lane messages once per phase: a forged release would let a neighbour time beside this process.
@@ -132,13 +131,16 @@ def assemble(job: Job, run: WorkerRun, judge: Optional[JudgeRunner], *, source_s
     if timer.timings:
         cases = with_timings(cases, timer.timings)
     expected = expected_checked(job)
-    timed = [c.case for c in cases if c.status is Status.PASSED and c.kind is not CaseKind.HIDDEN]
+    untimed = {m.case for m in run.all(CaseRan) if m.untimed}  # check() failed them in the candidate's process
+    timed = [c.case for c in cases if c.status is Status.PASSED and c.kind is not CaseKind.HIDDEN
+             and c.case not in untimed]
     refereed, cases = _refereed(job, run, cases, timed)
     calls = referee.expected_calls(job, run.referee, timed) if run.referee else timer.expected
     for label, more in calls.items():
         expected[label] = expected.get(label, []) + more
     if ran and not timer.reason and not refereed and judge is not None:
         cases = _judged(job, run, ran, cases, judge, expected)
+    contradicted = next((c.case for c in cases if c.case in untimed and c.status is Status.PASSED and judge), None)
     status = worst([c.status for c in cases]) if cases else Status.RUNTIME_ERROR
     reason = next((f"case {c.case}: {c.reason}" for c in cases if c.status is status and c.reason), None)
     integrity = run.first(Integrity)
@@ -149,6 +151,10 @@ def assemble(job: Job, run: WorkerRun, judge: Optional[JudgeRunner], *, source_s
         status, reason = Status.REJECTED, timer.reason
     elif refereed:
         status, reason = Status.REJECTED, refereed
+    elif contradicted:
+        status, reason = Status.REJECTED, f"case {contradicted}: failed check() in its own process (untimed), not the judge's"
+    elif untimed and judge is None:  # a re-time: no judge to say otherwise
+        status, reason = Status.INCORRECT, f"case {min(untimed)}: the task's check() failed its output"
     elif integrity:
         status, reason = Status.REJECTED, integrity.reason
     elif timer.moved and status is Status.PASSED:
@@ -191,9 +197,8 @@ def _refereed(job: Job, run: WorkerRun, cases: list[CaseResult],
 
 
 def _last_named(run: WorkerRun) -> Optional[str]:
-    """The case the candidate process was on when it stopped: the last it started checking, timing or failed.
-    The cases are all checked before any is timed, so a case checked earlier has no outcome yet when a
-    later one fails, and must not take the blame for it."""
+    """The case the candidate process was on when it stopped (the last it named): all are checked before any is
+    timed, so a case checked earlier has no outcome yet when a later one fails, and takes no blame for it."""
     named = [m.case for m in run.all((CaseStart, PhaseStarted, CaseFailed)) if m.case]
     return named[-1] if named else None
 

@@ -25,6 +25,8 @@ from optagent.worker.backends import CompileError, Refused, Unsupported, backend
 from optagent.worker.guard import lock_imports, watch_host_compute
 from optagent.worker.interpreter_faults import repair_interpreter
 from optagent.worker.after_work import AfterWork, out_bytes
+from optagent.worker.args import clone_args
+from optagent.worker.compare import fails_check
 from optagent.worker.harness import TaskRuntime, checksum, poison, run_baseline, same_bits
 from optagent.worker.lane import STARTED, lane
 from optagent.messages import (Baseline, CaseFailed, CaseRan, CaseSpec, CaseStart, Channel, Compiled, Done, Hello,
@@ -56,6 +58,7 @@ class Candidate:
         self.timer = make_timer(job)  # the native one where the parent built it (worker/timers.py)
         self.sync = torch.cuda.synchronize if job.device is Device.CUDA else (lambda: None)
         self.out_dir = Path(job.outputs_dir or job.scratch)
+        self.wrong = False  # check() failed a case's output here (_checked_runs): nothing is timed
 
     def run(self) -> None:
         """Baselines (unless the pool times them once per lane), compile, every case run and
@@ -94,6 +97,11 @@ class Candidate:
             load_ms = (_load_clock() - t0) * 1e3
             samples = self._checked_runs(n, case, fn)
             if samples is None or not self._no_new_threads(threads):
+                return
+            if self.wrong:  # the verdict is INCORRECT whatever the rest does: no case is timed
+                chan.send(CaseRan(case=case.label, samples=samples, load_ms=load_ms, kernels=self._facts(backend),
+                                  untimed=True))
+                chan.send(Done())
                 return
             if case.kind is CaseKind.HIDDEN:
                 chan.send(CaseRan(case=case.label, samples=samples, load_ms=load_ms, kernels=self._facts(backend)))
@@ -193,9 +201,12 @@ class Candidate:
         """The package's own inputs, then fresh ones; None when the case already has its verdict."""
         rt, job, samples = self.rt, self.job, []
         for name, base_seed in checked_seeds(job, n, case):
-            args, _ = rt.make_args(case, base_seed)  # in/out tensors: a fresh copy of the package's contents
+            args, sizes = rt.make_args(case, base_seed)  # in/out tensors: a fresh copy of the package's contents
             roles = rt.roles(args)
             outs = roles.written
+            # the contest's check() on the package's inputs (as the judge rebuilds them), after the call: a
+            # kernel it fails is never timed
+            before = clone_args(args) if name == "given" and case.kind is CaseKind.CONTEST else None
             for i in roles.outputs:
                 poison(args[i])
             pristine = {i: a.clone() for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in outs}
@@ -216,6 +227,8 @@ class Candidate:
                 return None
             samples.append(self._save(case.label, name, {i: args[i].detach().clone() for i in outs}, base_seed, None,
                                       {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in outs}))
+            if before is not None and fails_check(rt.config, sizes, before, args, list(outs)):
+                self.wrong = True  # its fresh runs still saved: the judge asks for every checked run
         return samples
 
     def _timed(self, case: CaseSpec, fn, backend) -> tuple[list[Sample], dict]:
