@@ -51,9 +51,11 @@ def test_a_socket_that_carries_other_descriptors_than_it_names_is_refused():
 
 
 class Recorder:
-    """WarmWorker, watched: whether the judge that waited beside the candidate was used or taken down unused."""
+    """WarmWorker, watched: whether the judge that waited beside the candidate was used or taken down unused.
+    Warm judges are a GPU's (warm_worker.available): here, on the CPU, they are asked for."""
 
     def __init__(self, monkeypatch):
+        monkeypatch.setattr(warm_worker, "available", lambda device: True)
         self.made, self.ran, self.abandoned, self.alive_at_run = [], 0, 0, []
         real_init, real_run, real_abandon = (warm_worker.WarmWorker.__init__, warm_worker.WarmWorker.run,
                                              warm_worker.WarmWorker.abandon)
@@ -129,3 +131,13 @@ def test_a_warm_judge_that_died_while_it_waited_is_replaced_by_a_fresh_one(task_
     result = ev.evaluate(task.starter(Language.TRITON).source, Language.TRITON)
     assert result.status is Status.PASSED, result.reason  # judged all the same
     assert rec.ran == 1 and result.cases[0].rel_err is not None
+
+
+def test_warm_judges_are_a_gpus_under_bubblewrap(monkeypatch):
+    from optagent.schema import Device
+
+    assert not warm_worker.available(Device.CPU)  # the CPU referee's windows are not shared with a judge's imports
+    monkeypatch.setattr(isolation, "mechanism", lambda: Mechanism.LANDLOCK)
+    assert not warm_worker.available(Device.CUDA)
+    monkeypatch.setattr(isolation, "mechanism", lambda: Mechanism.BWRAP)
+    assert warm_worker.available(Device.CUDA)

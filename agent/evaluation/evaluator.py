@@ -173,7 +173,7 @@ class SandboxEvaluator:
                             time_baseline=baselines is None, timer=timer)
             if progress:
                 progress(Progress(phase=Phase.STARTING))
-            if judge and warm_worker.available():  # started now, it is ready when the candidate ends
+            if judge and warm_worker.available(self.device):  # started now, it is ready when the candidate ends
                 early = WarmWorker(job.model_copy(update={"mode": "judge", "timer": None}), self.timeout_s, control)
             heard = [f for f in (relay, clock, gate.on_message if gate else None) if f]
             run = run_worker(job, self.timeout_s, on_message=lambda m: [f(m) for f in heard], control=gate)

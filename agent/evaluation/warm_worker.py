@@ -8,7 +8,7 @@ ended, the parent opens the saved outputs as before (evaluation/safe_files.py) a
 their descriptors (job_channel.py); the judge's time limit counts from then. A candidate that fails
 before a case ran never needs its judge: the warm one is taken down unused.
 
-Only under bubblewrap: there each worker has a PID namespace of its own and a private /tmp, so the
+Only on a GPU (see available()), and only under bubblewrap: there each worker has a PID namespace of its own and a private /tmp, so the
 candidate cannot reach the process that waits beside it; under Landlock alone the two would share one
 process table, and the judge starts after its candidate as before.
 """
@@ -26,11 +26,13 @@ from optagent.evaluation.lanes import Control
 from optagent.evaluation.sandbox import Spawned, WorkerRun, collect, spawn
 from optagent.evaluation.scratch import scratch_fd
 from optagent.messages import Job, Message
-from optagent.schema import Mechanism
+from optagent.schema import Device, Mechanism
 
 
-def available() -> bool:
-    return isolation.mechanism() is Mechanism.BWRAP
+def available(device: Device) -> bool:
+    """On a GPU under bubblewrap. Not on a CPU: there the judge's imports would take cores from the candidate
+    while it runs, and on a CPU the referee's clock (evaluation/referee.py) times the candidate's windows."""
+    return device is Device.CUDA and isolation.mechanism() is Mechanism.BWRAP
 
 
 class WarmWorker:
