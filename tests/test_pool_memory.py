@@ -1,5 +1,6 @@
-"""A GPU shared by a pool's evaluations runs out of memory for reasons not the kernel's: such a failure is
-evaluated again with no other evaluation of the pool running, and counts only if it fails alone too."""
+"""A GPU and a host shared by a pool's evaluations fail a kernel for reasons not its own (the device's memory runs
+out; the harness's work between timed calls runs slow): such a verdict is evaluated again with no other
+evaluation of the pool running, and counts only if it comes again alone."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ import threading
 import time
 
 from optagent.evaluation.pool import LocalPool
+from optagent.evaluation.timer_check import MOVED
 from optagent.evaluation.sandbox import WorkerRun
 from optagent.protocols import PoolJob
 from optagent.schema import Device, EvalResult, Language, Status
 
 OOM = "case 9: OutOfMemoryError: CUDA out of memory. Tried to allocate 768.00 MiB."
+SLOW = ("case 1: 891 us passed between its timed calls (gpu loop), against 276 us of the harness's own work there "
+        f"in the baseline's loop: {MOVED}")
 
 
 class CrowdedGpu:
@@ -43,6 +47,8 @@ class CrowdedGpu:
         status, reason = Status.PASSED, None
         if source == "greedy" or (source.startswith("hungry") and crowd > 1):
             status, reason = Status.RUNTIME_ERROR, OOM
+        elif source == "mover" or (source == "slowed" and crowd > 1):
+            status, reason = Status.REJECTED, SLOW
         elif source == "broken":
             status, reason = Status.RUNTIME_ERROR, "case 1: ValueError: no good"
         return EvalResult(status=status, reason=reason, language=language, device=Device.CUDA, source_sha256=source,
@@ -78,3 +84,10 @@ def test_a_kernel_that_runs_out_alone_too_fails_and_other_failures_are_not_run_a
 def test_one_evaluation_at_a_time_is_never_run_twice():
     got, gpu, pool = run(["greedy"], jobs=1)
     assert got["greedy"].status is Status.RUNTIME_ERROR and pool.alone_runs == 0 and len(gpu.calls) == 1
+
+
+def test_work_moved_in_company_is_looked_at_again_alone_and_a_cheat_is_still_caught():
+    got, gpu, pool = run(["slowed", "mover", "hungry-1"])
+    assert got["slowed"].status is Status.PASSED  # the host was busy, not the kernel
+    assert got["mover"].status is Status.REJECTED and got["mover"].reason.endswith(f"{MOVED} (alone on the GPU too)")
+    assert pool.alone_runs == 3

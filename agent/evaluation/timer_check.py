@@ -48,6 +48,7 @@ MAX_LOOPS = {LoopKind.BASELINE: 2, LoopKind.EAGER: 2, LoopKind.GPU: 1}
 # a CPU's times rank nothing besides).
 AFTER_SLACK = {Device.CUDA: (1.0, 500.0), Device.CPU: (3.0, 100_000.0)}
 AFTER_OVER_MEDIAN = {Device.CUDA: 1.0, Device.CPU: 2.0}  # the excess over the timed median, in medians
+MOVED = "work moved out of the timed window"  # the verdict's words, which a pool reads too (evaluation/pool.py)
 
 
 @dataclass
@@ -144,8 +145,7 @@ def moved_work(timings: dict[tuple[str, LoopKind], Timing], ref: dict[str, Optio
         allowed = base + max(share * (2 if t.host_slow else 1) * base, floor_us)
         if t.after_us > allowed and t.after_us - base > AFTER_OVER_MEDIAN[device] * t.median_us:
             return (f"case {case}: {t.after_us:.0f} us passed between its timed calls ({kind.value} loop), against "
-                    f"{base:.0f} us of the harness's own work there in the baseline's loop: work moved out of the "
-                    "timed window")
+                    f"{base:.0f} us of the harness's own work there in the baseline's loop: {MOVED}")
     return None
 
 
