@@ -123,23 +123,10 @@ class Spawned:
     collected: bool = False  # collect() has taken it down and closed what the parent held
 
     def abandon(self) -> None:
-        """The worker is not wanted after all (a judge whose candidate failed): its group killed, all closed."""
-        if self.collected:
-            return
-        self.collected = True
-        _killpg(self.proc.pid)
-        _kill_marked(self.marker)
-        try:
-            self.proc.wait(timeout=KILL_WAIT_S)
-        except subprocess.TimeoutExpired:
-            pass
-        os.close(self.rfd)
-        self.control.close()
-        self.tap.close()
-        if self.report:
-            self.report.abandon()
-        if self.referee:
-            self.referee.abandon()
+        """The worker is not wanted after all (a judge whose candidate failed): taken down and collected as a
+        worker out of time is, so that what the parent holds of it is closed in one place (collect)."""
+        if not self.collected:
+            collect(self, self.job, 0.0, None, time.monotonic())
 
 
 def _run(job: Job, timeout_s: float, on_message: Optional[Callable[[Message], None]], control: Optional[Control],
