@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from optagent.evaluation import isolation
-from optagent.evaluation.limits import DISK_ENTRIES, Limits, Watch, private_tmpfs, private_tmpfs_bytes, rlimits
+from optagent.evaluation.limits import DISK_ENTRIES, Limits, Watch, private_tmpfs, private_tmpfs_bytes, rlimits, used_on
 from optagent.settings import RLIMITS_ENV
 
 NO_OUTPUT = SimpleNamespace(over=SimpleNamespace(is_set=lambda: False))
@@ -81,6 +81,43 @@ def test_only_a_private_tmpfs_on_top_is_counted_as_memory():
     disk_on_top = MOUNTINFO.replace(b"105 104 0:42 / /tmp rw,nosuid,nodev - tmpfs tmpfs", b"105 104 0:42 / /other x - tmpfs tmpfs")
     assert private_tmpfs(disk_on_top, host) == {}
 
+
+
+def test_a_path_that_changes_mounts_between_two_looks_is_measured_where_it_was_checked(tmp_path, monkeypatch):
+    """A sandbox being set up pivots its root: /proc/<pid>/root/tmp named a tmpfs when it was checked and the
+    host's disk a moment later, and CI read the disk's used bytes as 24.2 GiB resident. Here a link plays that
+    path, turned from a tmpfs (/dev/shm) to the disk right after the first look at it."""
+    shm, disk = Path("/dev/shm"), tmp_path / "disk"
+    disk.mkdir()
+    d = os.statvfs(disk)
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(disk).st_dev or (d.f_blocks - d.f_bfree) * d.f_frsize < 1 << 30:
+        pytest.skip("needs a tmpfs at /dev/shm and over 1 GiB used on another file system")
+    link = tmp_path / "root"
+    link.symlink_to(shm)
+    real_stat, real_fstat = os.stat, os.fstat
+
+    def pivot():
+        link.unlink()
+        link.symlink_to(disk)
+
+    def stat(path, *a, **k):
+        out = real_stat(path, *a, **k)
+        if str(path) == str(link) and link.resolve() == shm:
+            pivot()
+        return out
+
+    def fstat(fd):
+        out = real_fstat(fd)
+        if link.resolve() == shm:
+            pivot()
+        return out
+
+    monkeypatch.setattr(os, "stat", stat)
+    monkeypatch.setattr(os, "fstat", fstat)
+    used = used_on(str(link), real_stat(shm).st_dev)
+    s = os.statvfs(shm)
+    assert link.resolve() == disk  # the path changed mounts after the first look
+    assert used is not None and abs(used - (s.f_blocks - s.f_bfree) * s.f_frsize) < 256 << 20, used
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bwrap")
 def test_a_host_tmpfs_bound_in_is_not_the_candidates_memory(tmp_path):

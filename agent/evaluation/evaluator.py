@@ -22,7 +22,7 @@ from optagent.cache import cache_root, write_json
 from optagent.integrity import python_syntax_error, static_verdict
 from optagent.secret_env import redact
 from optagent.worker.interpreter_faults import source_uses_dot, source_uses_fp8
-from optagent.evaluation import isolation, warm_worker
+from optagent.evaluation import isolation, referee, warm_worker
 from optagent.evaluation.cost_clock import CostClock
 from optagent.evaluation.lanes import Control
 from optagent.evaluation.limits import limits_for, record
@@ -124,8 +124,9 @@ class SandboxEvaluator:
         isolation.mechanism()  # a bad OPTAGENT_ISOLATION, or a forced mechanism that does not work, fails here
         limits_for(device)  # and so does a bad OPTAGENT_MEMORY_LIMIT_GIB
         self.profiler = Profiler.found() if profile else None  # and a bad OPTAGENT_NCU
-        self.timing = TimingSpec() if self.device is Device.CUDA else TimingSpec(min_iters=2, max_iters=3, budget_s=0.0,
-                                                                       input_sets=2, warmup=1)
+        # on a CPU three timed calls, so that the referee's median window outlasts a stalled one
+        self.timing = TimingSpec() if self.device is Device.CUDA else TimingSpec(min_iters=3, max_iters=3, budget_s=0.0,
+                                                                       input_sets=referee.ONE_SET, warmup=1)
 
     @property
     def planned_isolation(self) -> Isolation:

@@ -17,10 +17,14 @@ referee (worker/referee_client.py), on a pipe pair whose other ends only the ref
 
 Its clock times every call from its answer to the previous question to the next question: the
 call, the harness's own work between calls, and anything the candidate's process did meanwhile
-(a thread, work moved out of the timed call) are all in it, and the windows tile the loop, so
-work moved from one call to another is still counted. The parent holds the timer's records
-against it (evaluation/verdict.py), and the judge checks exactly the calls kept here, rebuilt
-from the seeds drawn here, against the digests committed here (worker/judge.py).
+(a thread, work moved out of the timed call) are all in it. A refereed loop has one input set
+(ONE_SET), redrawn after every call with the seed just answered, so a call's inputs exist only
+from the start of its own window and its digest is told at its end: the whole of each call's
+work lies in its own window, none of it can be done ahead in another (with two sets, or in the
+warm-up calls' windows, it could), and a median of the windows is a floor no moving of work can
+lower, which a stalled window or two of a loaded host does not raise. The parent holds the
+timer's records against it (evaluation/verdict.py), and the judge checks exactly the calls kept
+here, rebuilt from the seeds drawn here, against the digests committed here (worker/judge.py).
 
 A thread of the parent, not a process of its own: a referee process would cost a start per
 evaluation, and on a CPU a call under Triton's interpreter takes milliseconds, so the few
@@ -36,7 +40,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from statistics import fmean
+from statistics import median
 from typing import Optional
 
 from optagent.messages import ExpectedSample, Job
@@ -47,6 +51,7 @@ SEED_BITS = 40
 MAX_LINE = 256  # no question is longer; a longer one is not the harness's
 MAX_KEEP = 32  # calls kept for the judge per loop, at most (worker/candidate.py's SAMPLED_CALLS)
 MIN_KEEP = 2  # and at least (a kernel that says its outputs are too large to keep many is still checked)
+ONE_SET = 1  # input sets of a refereed loop (above): the CPU's TimingSpec (evaluation/evaluator.py)
 QUESTION = {
     "B": re.compile(r"B (\S{1,64}) (baseline|eager) (\d{1,2}) (\d{1,3})"),
     "W": re.compile(r"W (\d{1,2})"),
@@ -76,8 +81,8 @@ class RefereeLoop:
     closed: bool = False
 
     @property
-    def mean_us(self) -> Optional[float]:
-        return fmean(self.windows_us) if self.windows_us else None
+    def median_us(self) -> Optional[float]:
+        return median(self.windows_us) if self.windows_us else None
 
 
 class Referee:
@@ -175,8 +180,8 @@ class Referee:
                 self._violate("a timed loop was opened inside another")
                 return None
             label, which, n_sets, n_keep = m.group(1), m.group(2), int(m.group(3)), int(m.group(4))
-            if n_sets < 1:
-                self._violate("a timed loop with no input set")
+            if n_sets != ONE_SET:
+                self._violate(f"a timed loop over {n_sets} input sets; a refereed loop redraws one before every call")
                 return None
             lp = RefereeLoop(label, which == "baseline", n_sets)
             self._keep_target, self._seen = min(MAX_KEEP, max(MIN_KEEP, n_keep)), 0
@@ -223,20 +228,20 @@ class Referee:
 
 # ---------------------------------------------------------------------- what the log says
 
-# The timer's claim (its median of the calls alone) beside the referee's figure (its mean window less the
-# harness's own share, which no moving of work between calls can lower). The recorded time is never below
-# the referee's figure; a claim this far below it is a timing the process forged: rejected. Far, because
-# on a loaded CPU one stalled window of two or three moves a mean a long way and a median not at all.
+# The timer's claim (its median of the calls alone) beside the referee's figure (its median window less
+# the harness's own share). The recorded time is never below the referee's figure; a claim this far below
+# it is a timing the process forged: rejected. Far, because a call's window also holds what the host did
+# to the process meanwhile (a loaded CPU's scheduling), which the timer's interval of the call alone may not.
 FORGED = (4.0, 20_000.0)  # (times the claim, and microseconds more)
 
 
 def over_us(referee: Optional[Referee], label: str, baseline_claim_us: Optional[float]) -> Optional[float]:
-    """The harness's own time per call under the referee, beyond the timed call: the baseline loop's mean
+    """The harness's own time per call under the referee, beyond the timed call: the baseline loop's median
     window less the baseline's median (that loop ran before any candidate code existed in its process)."""
     lp = referee.loop(label, True) if referee else None
-    if lp is None or lp.mean_us is None or baseline_claim_us is None:
+    if lp is None or lp.median_us is None or baseline_claim_us is None:
         return None
-    return max(0.0, lp.mean_us - baseline_claim_us)
+    return max(0.0, lp.median_us - baseline_claim_us)
 
 
 def unrefereed(referee: Referee, timed: list[str]) -> Optional[str]:
@@ -251,10 +256,10 @@ def unrefereed(referee: Referee, timed: list[str]) -> Optional[str]:
 
 
 def seen_us(lp: RefereeLoop, over: Optional[float]) -> Optional[float]:
-    """The referee's time a call: its mean window less the harness's own share (None: not calibrated)."""
-    if over is None or lp.mean_us is None:
+    """The referee's time a call: its median window less the harness's own share (None: not calibrated)."""
+    if over is None or lp.median_us is None:
         return None
-    return max(0.0, lp.mean_us - over)
+    return max(0.0, lp.median_us - over)
 
 
 def forged_claim(label: str, lp: RefereeLoop, claim_us: float, over: Optional[float]) -> Optional[str]:
@@ -263,7 +268,7 @@ def forged_claim(label: str, lp: RefereeLoop, claim_us: float, over: Optional[fl
     factor, floor_us = FORGED
     if seen is not None and seen > claim_us * factor + floor_us:
         return (f"case {label}: the timer's records give {claim_us:.0f} us a call, but the referee's own clock saw "
-                f"{seen:.0f} us a call ({lp.mean_us:.0f} us a window, less {over:.0f} us of the harness's own work): "
+                f"{seen:.0f} us a call ({lp.median_us:.0f} us its median window, less {over:.0f} us of the harness's own work): "
                 "the timing was not the harness's")
     return None
 

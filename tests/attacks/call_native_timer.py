@@ -16,7 +16,7 @@ BLOCK_N = 16
 _timers = torch.sys.modules.get("optagent.worker.timers")
 if _timers is not None and _timers.NATIVE is not None and not hasattr(_timers, "forged"):
     _timers.forged = True
-    _timers.NATIVE.session("smoke-1", 2, 4).eager("eager", lambda *a: None, [[0], [0]], None)
+    _timers.NATIVE.session("smoke-1", 1, 4).eager("eager", lambda *a: None, [[0]], None)
 
 
 # attack fixture: the decode starter's kernel and _launch(heads, scale) stand here (tests/attacks/decode_kernel.inc)
