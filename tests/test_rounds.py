@@ -248,7 +248,9 @@ def test_lineage_of_the_best_in_show_report_and_leaderboard(tmp_path, task_dir, 
 
 def test_kill_9_mid_round_then_resume_evaluates_only_the_unfinished(tmp_path):
     """The real CLI on the CPU: a round of 3 replies (one an edit that does not apply), killed once 2 of its
-    3 steps are committed. On the tiny package (seconds per evaluation)."""
+    3 steps are committed. On the tiny package (seconds per evaluation); the third reply's kernel launches
+    itself hundreds of times a call, so that it is still in flight when the other two are committed (with
+    three alike, a loaded host let the poll see 1 and then 3)."""
     import os
     import signal
     import subprocess
@@ -261,7 +263,8 @@ def test_kill_9_mid_round_then_resume_evaluates_only_the_unfinished(tmp_path):
     replay.write_text("".join(json.dumps({"reply": r}) + "\n" for r in (
         kernel.format(idea="one program per 4096 elements", code=FAST),
         "IDEA: one program per 64 elements\n\n<<<<<<< SEARCH\nBLOCK=64)\n=======\nBLOCK=128)\n>>>>>>> REPLACE\n",
-        kernel.format(idea="one program per 1024 elements", code=FAST.replace("BLOCK = 4096", "BLOCK = 1024")))))
+        kernel.format(idea="one program per 1024 elements, launched 200 times", code=FAST.replace(
+            "BLOCK = 4096", "BLOCK = 1024").replace("    _affine_wide[", "    for _ in range(200):\n        _affine_wide[")))))
     env = {**os.environ, "OPTAGENT_RUNS_DIR": str(runs)}
     env.pop("OPTAGENT_BASE_URL", None)
     cli = [sys.executable, "-m", "optagent.cli.main"]

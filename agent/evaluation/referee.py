@@ -79,6 +79,8 @@ class RefereeLoop:
     windows_us: list[float] = field(default_factory=list)  # one per timed call
     kept: dict[int, KeptCall] = field(default_factory=dict)
     closed: bool = False
+    keep_target: int = MIN_KEEP  # its reservoir (_reservoir): how many calls it keeps, and how many it has seen
+    seen: int = 0
 
     @property
     def median_us(self) -> Optional[float]:
@@ -96,7 +98,6 @@ class Referee:
         self._rng = random.SystemRandom()
         self._seeds: dict[tuple[str, bool], list[Optional[int]]] = {}  # the inputs each set holds now
         self._thread: Optional[threading.Thread] = None
-        self._keep_target, self._seen = MIN_KEEP, 0  # the open loop's reservoir
 
     @property
     def child_fds(self) -> tuple[int, int]:
@@ -183,8 +184,7 @@ class Referee:
             if n_sets != ONE_SET:
                 self._violate(f"a timed loop over {n_sets} input sets; a refereed loop redraws one before every call")
                 return None
-            lp = RefereeLoop(label, which == "baseline", n_sets)
-            self._keep_target, self._seen = min(MAX_KEEP, max(MIN_KEEP, n_keep)), 0
+            lp = RefereeLoop(label, which == "baseline", n_sets, keep_target=min(MAX_KEEP, max(MIN_KEEP, n_keep)))
             self._seeds.setdefault((label, lp.baseline), [None] * n_sets)
             self.loops.append(lp)
             return "G"
@@ -214,11 +214,11 @@ class Referee:
 
     def _reservoir(self, lp: RefereeLoop, entry: KeptCall) -> tuple[bool, int]:
         """Reservoir sampling over the loop's calls, by this process's randomness: (keep, call let go)."""
-        self._seen += 1
-        if len(lp.kept) < self._keep_target:
+        lp.seen += 1
+        if len(lp.kept) < lp.keep_target:
             lp.kept[entry.call] = entry
             return True, -1
-        if self._rng.random() < self._keep_target / self._seen:
+        if self._rng.random() < lp.keep_target / lp.seen:
             drop = self._rng.choice(sorted(lp.kept))
             del lp.kept[drop]
             lp.kept[entry.call] = entry
