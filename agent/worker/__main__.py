@@ -78,7 +78,7 @@ def main() -> None:
             # the timed processes' torch ops (the harness's redraws between timed calls) on one thread: a pool as
             # wide as the host stalls at every op's barrier while another process holds a core, and the referee's
             # clock counts the stall (measured on 2 cores beside three busy processes: windows of a call that does
-            # nothing 12-40 ms with the pool, 0.2-4 ms with one thread)
+            # nothing 12-40 ms with the pool, 0.2-8 ms with one thread)
             import torch
 
             torch.set_num_threads(1)

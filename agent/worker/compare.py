@@ -90,16 +90,25 @@ def integer_mismatch(roles: ArgRoles, i: int, out: torch.Tensor, ref: torch.Tens
             f"{int(out.flatten()[at])}, expected {int(ref.flatten()[at])})")
 
 
+def run_check(config, sizes, args: list, outputs: dict[int, torch.Tensor],
+              base: Optional[list] = None) -> tuple[bool, str]:
+    """The package's check() on a call's outputs for the inputs `args` (as they were before the call), asked as
+    the contest asks it: (its answer, what it printed to stderr). base: the baseline's outputs, else made here."""
+    target = clone_args(args)
+    for i, out in outputs.items():
+        target[i] = out
+    printed = io.StringIO()
+    with redirect_stdout(io.StringIO()), redirect_stderr(printed):
+        base = base if base is not None else run_baseline(config, clone_args(args))
+        ok = config.check(sizes, clone_args(args), target, base)
+    return bool(ok), printed.getvalue()
+
+
 def fails_check(config, sizes, before: list, after: list, outs: list[int]) -> bool:
     """The package's check() on one call's outputs, as the judge asks it, here run by the harness in the
     candidate's process to spare a kernel that is wrong its timing: True only when check() says no (an
     exception, or a kernel that rebinds check(), leaves it to the judge, which never trusts this)."""
-    target = clone_args(before)
-    for i in outs:
-        target[i] = after[i]
     try:
-        with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
-            base = run_baseline(config, clone_args(before))
-            return not config.check(sizes, clone_args(before), target, base)
+        return not run_check(config, sizes, before, {i: after[i] for i in outs})[0]
     except Exception:
         return False

@@ -12,14 +12,13 @@ import hashlib
 import io
 import math
 import os
-from contextlib import redirect_stderr, redirect_stdout
 from typing import Optional
 
 import torch
 
 from optagent.worker.arg_roles import ArgRoles
 from optagent.worker.floor_estimate import estimated_bytes
-from optagent.worker.compare import integer_mismatch, untouched_masks, written_problem
+from optagent.worker.compare import integer_mismatch, run_check, untouched_masks, written_problem
 from optagent.worker.harness import (TaskRuntime, checksum, clone_args, float_bases, outputs_digest, refresh_floats,
                                      run_baseline)
 from optagent.worker.interpreter_faults import blame_interpreter
@@ -131,15 +130,9 @@ def _verdict(rt: TaskRuntime, case: CaseSpec, sample: Sample, check_inputs: bool
     if mismatches and case.kind is not CaseKind.CONTEST:  # no check() to state another rule: exact
         return Finding(**found, status=Status.INCORRECT, reason=mismatches[0])
     if case.kind is CaseKind.CONTEST:
-        target = clone_args(args)
-        for i in outs:
-            target[i] = saved[i].to(args[i].device)
-        err_text = io.StringIO()
-        with redirect_stdout(io.StringIO()), redirect_stderr(err_text):
-            base = base if base is not None else run_baseline(rt.config, clone_args(args))
-            ok = rt.config.check(sizes, clone_args(args), target, base)
+        ok, printed = run_check(rt.config, sizes, args, {i: saved[i].to(args[i].device) for i in outs}, base)
         if not ok:
-            detail = err_text.getvalue().strip().splitlines()
+            detail = printed.strip().splitlines()
             return Finding(**found, status=Status.INCORRECT,
                            reason=f"the task's check() failed ({where})" + (f": {detail[-1][:200]}" if detail else "")
                            + (f"; {mismatches[0]}" if mismatches else ""))
