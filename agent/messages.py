@@ -92,6 +92,7 @@ class Job(Record):
     # candidate: the in-process guard (worker/guard.py); off only in tests that show the OS contains it alone
     guard: bool = True
     target_facts: bool = False  # candidate, CPU mode: Triton launches also compiled for the target GPU
+    gate_fd: Optional[int] = None  # a warm candidate: its lane's gate, sent with the job (evaluation/warm_worker.py)
 
 
 class Message(Part):

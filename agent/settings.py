@@ -54,6 +54,10 @@ class Settings(BaseModel):
         json_schema_extra=_must("a number of GiB >= 0 (0: no memory limit)"))
     cpu_lanes: Optional[int] = Field(None, ge=1, description="timing lanes on the CPU (default 1; tests use more)",
                                      json_schema_extra=_must("a whole number of timing lanes, at least 1"))
+    spares: Optional[int] = Field(
+        None, ge=0, description="candidate processes a run's pool starts ahead on each GPU lane (default: as many as "
+        "evaluations run on it at once, at least 2; 0: none, each candidate's process starts with it)",
+        json_schema_extra=_must("a whole number of processes, at least 0"))
     timer: Optional[str] = Field(None, description="python: never build the native timer, time in the worker's Python")
     ncu: Optional[str] = Field(None, description="the Nsight Compute program for --profile")
     nvcc: Optional[str] = Field(None, description="the CUDA compiler command (--compiler wins)")

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def judge_in_process(top: int, keep: dict):
-    def _judge(self, job: Job, relay=None, control=None) -> WorkerRun:
+    def _judge(self, job: Job, relay=None, control=None, early=None) -> WorkerRun:
         from optagent.worker.judge import judge
 
         job, fds = open_samples(job, scratch_fd(Path(job.scratch)))

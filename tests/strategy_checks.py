@@ -50,7 +50,8 @@ def start_evaluations(pool, task, folder: Path, strategies: list[StrategyEntry],
     """{strategy name: [(label, case kinds expected, future EvalResult)]}: each strategy at its
     defaults on the smoke and hidden cases, and each (label, knob setting, with hidden cases)
     variant, submitted to pool so that they run side by side."""
-    from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
+    from optagent.evaluation.evaluator import SandboxEvaluator
+    from optagent.evaluation.cases import select_cases
     from optagent.schema import CaseKind
 
     every = select_cases(task, "cpu", 0, None)

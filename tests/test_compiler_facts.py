@@ -202,7 +202,8 @@ def test_cpu_mode_compiles_interpreted_launches_for_the_target(tmp_path):
 
 def test_a_cpu_evaluation_reports_the_starters_facts_for_the_target():
     """End to end, in the sandbox: the decode starter evaluated on CPU carries its kernel's sm_90 facts."""
-    from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
+    from optagent.evaluation.evaluator import SandboxEvaluator
+    from optagent.evaluation.cases import select_cases
     from optagent.task import load_task
 
     task = load_task(ROOT / "tasks" / "flashattn_task_package")

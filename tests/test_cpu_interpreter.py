@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import triton
 
-from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
+from optagent.evaluation.evaluator import SandboxEvaluator
+from optagent.evaluation.cases import select_cases
 from optagent.worker.interpreter_faults import source_uses_fp8
 from optagent.schema import Language, Status
 from optagent.task import load_task

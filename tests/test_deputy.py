@@ -18,7 +18,8 @@ import pytest
 
 from attack_fixtures import attack_source  # tests/ is on sys.path
 from optagent.evaluation import isolation
-from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
+from optagent.evaluation.evaluator import SandboxEvaluator
+from optagent.evaluation.cases import select_cases
 from optagent.evaluation.safe_files import UnsafeFile, create, job_fd, open_dir, open_regular, open_samples, read_regular
 from optagent.messages import ExpectedSample, Job, Sample
 from optagent.schema import Language, Status

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from optagent.evaluation.evaluator import SandboxEvaluator, parse_case_list, select_cases
+from optagent.evaluation.evaluator import SandboxEvaluator
+from optagent.evaluation.cases import parse_case_list, select_cases
 from optagent.schema import CaseKind, EvalResult, Language, Status
 from optagent.task import load_task
 

@@ -9,7 +9,8 @@ from typing import Any, Optional
 import pytest
 
 from optagent.app.build import prompt_rules
-from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
+from optagent.evaluation.evaluator import SandboxEvaluator
+from optagent.evaluation.cases import select_cases
 from optagent.evaluation.verdict import candidate_line
 from optagent.llm.feedback import Rules, error_line, failing_groups
 from optagent.runs.view import Attempt, PlannerContext

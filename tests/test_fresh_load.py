@@ -6,7 +6,8 @@ import importlib.util
 
 import pytest
 
-from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
+from optagent.evaluation.evaluator import SandboxEvaluator
+from optagent.evaluation.cases import select_cases
 from optagent.schema import Language, Status
 from optagent.task import load_task
 

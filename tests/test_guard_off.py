@@ -23,7 +23,8 @@ import pytest
 
 from attack_fixtures import ATTACKS, attack  # tests/ is on sys.path
 from optagent.evaluation import isolation
-from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
+from optagent.evaluation.evaluator import SandboxEvaluator
+from optagent.evaluation.cases import select_cases
 from optagent.schema import EvalResult, Status
 from optagent.task import load_task
 from optagent.worker import landlock

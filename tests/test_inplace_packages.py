@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from optagent.evaluation.evaluator import SandboxEvaluator, derived_smoke, probe_task, select_cases
+from optagent.evaluation.evaluator import SandboxEvaluator, probe_task
+from optagent.evaluation.cases import derived_smoke, select_cases
 from optagent.messages import CaseSpec
 from optagent.schema import CaseKind, Language, Status
 from optagent.task import load_task

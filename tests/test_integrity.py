@@ -33,7 +33,8 @@ import optagent.evaluation.evaluator as evaluator_module
 from attack_fixtures import ATTACKS, attack  # tests/ is on sys.path
 from optagent.integrity import static_verdict
 from optagent.secret_env import redact
-from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
+from optagent.evaluation.evaluator import SandboxEvaluator
+from optagent.evaluation.cases import select_cases
 from optagent.worker.object_scan import scan_cuda_object
 from optagent.schema import EvalResult, Language, Status, TimerKind
 from optagent.task import load_task

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import triton
 
-from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
+from optagent.evaluation.evaluator import SandboxEvaluator
+from optagent.evaluation.cases import select_cases
 from optagent.app.build import build_evaluator
 from optagent.schema import Device, Language, Status
 from optagent.task import load_task

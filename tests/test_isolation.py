@@ -23,7 +23,8 @@ import pytest
 
 from optagent.cli.main import main
 from optagent.evaluation import isolation
-from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
+from optagent.evaluation.evaluator import SandboxEvaluator
+from optagent.evaluation.cases import select_cases
 from optagent.evaluation.limits import Limits, Watch
 from optagent.evaluation.log_tap import LogTap
 from optagent.evaluation.worker_command import child_env

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from attack_fixtures import attack_source  # tests/ is on sys.path
-from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
+from optagent.evaluation.evaluator import SandboxEvaluator
+from optagent.evaluation.cases import select_cases
 from optagent.integrity import has_own_kernel, static_verdict
 from optagent.schema import Language, Status
 from optagent.task import load_task

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from optagent.evaluation.evaluator import SandboxEvaluator, probe_task, select_cases
+from optagent.evaluation.evaluator import SandboxEvaluator, probe_task
+from optagent.evaluation.cases import select_cases
 from optagent.schema import Language, Status
 from optagent.task import load_task
 

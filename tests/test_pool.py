@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from optagent.cli.main import main
-from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
+from optagent.evaluation.evaluator import SandboxEvaluator
+from optagent.evaluation.cases import select_cases
 from optagent.evaluation.lanes import Gate, Hold, Lane, OrderedLane
 from optagent.evaluation.pool import LocalPool
 from optagent.messages import LaneReleased, LaneWanted, Phase

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
+from optagent.evaluation.evaluator import SandboxEvaluator
+from optagent.evaluation.cases import select_cases
 from optagent.evaluation.serial_pool import SerialPool
 from optagent.cli.live import LiveProgress
 from optagent.search.loop import Limits, Loop

@@ -16,7 +16,8 @@ from attack_fixtures import attack  # tests/ is on sys.path
 
 from optagent.evaluation import evaluator as evaluator_module
 from optagent.evaluation import referee as ref
-from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
+from optagent.evaluation.evaluator import SandboxEvaluator
+from optagent.evaluation.cases import select_cases
 from optagent.messages import Job
 from optagent.schema import Device, Language, Status
 from optagent.task import load_task

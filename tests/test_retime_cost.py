@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from optagent.evaluation import evaluator as evaluator_module
-from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
+from optagent.evaluation.evaluator import SandboxEvaluator
+from optagent.evaluation.cases import select_cases
 from optagent.evaluation.pool import LocalPool
 from optagent.protocols import PoolJob
 from optagent.schema import Language, Status

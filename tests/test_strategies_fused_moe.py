@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
+from optagent.evaluation.evaluator import SandboxEvaluator
+from optagent.evaluation.cases import select_cases
 from optagent.messages import TimingSpec
 from optagent.search.knobs import find_knobs, set_knobs
 from optagent.search.strategy_spec import run_kernel_params

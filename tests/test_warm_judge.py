@@ -10,7 +10,8 @@ import pytest
 
 from optagent import job_channel
 from optagent.evaluation import isolation, warm_worker
-from optagent.evaluation.evaluator import SandboxEvaluator, select_cases
+from optagent.evaluation.evaluator import SandboxEvaluator
+from optagent.evaluation.cases import select_cases
 from optagent.schema import Language, Mechanism, Status
 from optagent.task import load_task
 

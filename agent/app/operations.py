@@ -141,7 +141,7 @@ def evaluate(scope: Scope, task_name: str, source: str, language: Optional[str] 
     """A kernel source, judged as `optagent eval` judges it; a bad kernel is a verdict, not an error."""
     from optagent.app.evaluate import evaluate as evaluate_kernel
     from optagent.report.format import print_eval
-    from optagent.evaluation.evaluator import CaseListError
+    from optagent.evaluation.cases import CaseListError
 
     if not source.strip():
         raise OutsideError("source is empty: pass the kernel's whole text")

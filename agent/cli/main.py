@@ -16,7 +16,7 @@ from rich.table import Table
 from optagent import __version__
 from optagent.schema import Language, Status
 from optagent.secret_env import hide_secrets
-from optagent.evaluation.evaluator import CaseListError
+from optagent.evaluation.cases import CaseListError
 # UserError lives in inputs so that `python -m optagent.cli.main` (cli as __main__) catches the same class
 from optagent.cli.inputs import OneLineParser
 from optagent.settings import ISOLATION_ENV, EnvError, UserError

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-import re
 import secrets
 import sys
 import time
@@ -23,6 +22,7 @@ from optagent.integrity import python_syntax_error, static_verdict
 from optagent.secret_env import redact
 from optagent.worker.interpreter_faults import source_uses_dot, source_uses_fp8
 from optagent.evaluation import isolation, referee, warm_worker
+from optagent.evaluation.cases import derived_smoke, select_cases
 from optagent.evaluation.cost_clock import CostClock
 from optagent.evaluation.lanes import Control
 from optagent.evaluation.limits import limits_for, record
@@ -32,72 +32,14 @@ from optagent.evaluation.safe_files import open_samples
 from optagent.evaluation.sandbox import WorkerRun, run_worker
 from optagent.evaluation.scratch import keep_scratch, new_scratch, remove_scratch, scratch_fd
 from optagent.evaluation.verdict import assemble, timed_by_timer
-from optagent.evaluation.warm_worker import WarmWorker
+from optagent.evaluation.warm_worker import Spares, WarmWorker
 from optagent.text import plain_tree
-from optagent.messages import Baseline, CaseSpec, Done, Job, Probed, ProbedCase, TimingSpec, WorkerError
+from optagent.messages import Baseline, CaseSpec, Done, Job, Probed, TimingSpec, WorkerError
 from optagent.progress import Phase, PipeRelay, Progress, ProgressSink
-from optagent.schema import CaseKind, Device, EvalResult, Isolation, Language, Status, TimerKind
+from optagent.schema import Device, EvalResult, Isolation, Language, Status, TimerKind
 from optagent.task import TaskError, TaskPackage
 
 TIMEOUT_S = 300.0  # seconds per worker process, unless --timeout says otherwise
-# CPU smoke cases derived from a package without [[smoke]]: the smallest contest case of each kind
-# (its shapes past the leading dimension: each inner size, each head ratio), rows cut to this many
-# elements in all (Triton's interpreter runs a program at a time), at most DERIVED_KINDS of them.
-SMOKE_ELEMENTS = 32768
-DERIVED_KINDS = 4
-class CaseListError(ValueError):
-    """A --cases value that names no valid case; the message is one line."""
-
-
-def parse_case_list(text: str, n: int) -> list[int]:
-    """'1,3-5' -> [1, 3, 4, 5], checked against the package's case count."""
-    out: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
-        if not m:
-            raise CaseListError(f"--cases: {part!r} is not a case number or range")
-        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
-        if lo < 1 or hi > n or lo > hi:
-            raise CaseListError(f"--cases: {part!r} is outside 1-{n}")
-        out.extend(range(lo, hi + 1))
-    return sorted(set(out))
-
-
-def derived_smoke(probed: Probed) -> list[int]:
-    """The contest cases a CPU run's smoke cases are cut from: the smallest of each kind of case (the shapes
-    past their leading dimension), the kinds of the most elements first when there are more than
-    DERIVED_KINDS (those hold the larger inner sizes); the smallest case's kind always."""
-    kinds: dict[str, list[ProbedCase]] = {}
-    for row in sorted(probed.cases, key=lambda r: (r.elements, r.index)):
-        kinds.setdefault(repr([s[1:] for s in row.sizes]), []).append(row)
-    first, *rest = sorted(kinds.values(), key=lambda rows: (rows[0].elements, rows[0].index))
-    rest.sort(key=lambda rows: -rows[-1].elements)
-    return sorted(rows[0].index for rows in [first, *rest[:DERIVED_KINDS - 1]])
-
-
-def select_cases(task: TaskPackage, device: Device, num_cases: int, cases: Optional[str],
-                 hidden: bool = True, smallest: Optional[list[int]] = None) -> list[CaseSpec]:
-    """smallest: the contest cases a CPU run's smoke cases are cut from when the manifest has none."""
-    m = task.manifest
-    if cases:
-        chosen = [CaseSpec(label=str(i), kind=CaseKind.CONTEST, index=i) for i in parse_case_list(cases, num_cases)]
-    elif device == Device.CPU:
-        if (not m or not m.smoke) and smallest is not None:
-            each = SMOKE_ELEMENTS // len(smallest)  # the interpreter's work as for a single derived case
-            chosen = [CaseSpec(label=f"smoke-{i}", kind=CaseKind.CONTEST, index=i, max_elements=each)
-                      for i in smallest]
-        elif not m or not m.smoke:
-            raise TaskError(task.root, "no smoke cases for a CPU run: add [[smoke]] to optagent.toml or pass --cases")
-        else:
-            chosen = [CaseSpec(label=f"smoke-{k}", kind=CaseKind.SMOKE, params=p) for k, p in enumerate(m.smoke, 1)]
-    else:
-        chosen = [CaseSpec(label=str(i), kind=CaseKind.CONTEST, index=i) for i in range(1, num_cases + 1)]
-    if hidden and m:
-        chosen += [CaseSpec(label=f"hidden-{k}", kind=CaseKind.HIDDEN, params=p) for k, p in enumerate(m.hidden, 1)]
-    return chosen
 
 
 def choose_cases(task: TaskPackage, device: Device, cases: Optional[str], hidden: bool = True) -> list[CaseSpec]:
@@ -127,6 +69,18 @@ class SandboxEvaluator:
         # on a CPU three timed calls, so that the referee's median window outlasts a stalled one
         self.timing = TimingSpec() if self.device is Device.CUDA else TimingSpec(min_iters=3, max_iters=3, budget_s=0.0,
                                                                        input_sets=referee.ONE_SET, warmup=1)
+        self.spares: Optional[Spares] = None  # candidate processes started ahead (keep_spares)
+
+    def keep_spares(self, devices: list[Optional[str]], per_device: int) -> None:
+        """A run's pool: candidate processes started before their candidates, per lane device (warm_worker.py)."""
+        if per_device > 0 and warm_worker.available(self.device) and self.spares is None:
+            self.spares = Spares(lambda: self._job("candidate", *new_scratch(self.scratch_root), timer=native_timer()),
+                                 self.timeout_s, devices, per_device)
+
+    def drop_spares(self) -> None:
+        if self.spares is not None:
+            self.spares.close()
+            self.spares = None
 
     @property
     def planned_isolation(self) -> Isolation:
@@ -161,7 +115,8 @@ class SandboxEvaluator:
         if why:
             return EvalResult(status=Status.REJECTED, reason=f"rejected before running: {why}", **common,
                               cases=[], wall_s=time.monotonic() - start)
-        scratch, nonce = new_scratch(self.scratch_root)
+        spare = self.spares.take(gate.env.get("CUDA_VISIBLE_DEVICES") if gate else None) if self.spares else None
+        scratch, nonce = (spare.scratch, spare.nonce) if spare else new_scratch(self.scratch_root)
         clock = CostClock(started=start)
         early: Optional[WarmWorker] = None
         try:
@@ -177,7 +132,9 @@ class SandboxEvaluator:
             if judge and warm_worker.available(self.device):  # started now, it is ready when the candidate ends
                 early = WarmWorker(job.model_copy(update={"mode": "judge", "timer": None}), self.timeout_s, control)
             heard = [f for f in (relay, clock, gate.on_message if gate else None) if f]
-            run = run_worker(job, self.timeout_s, on_message=lambda m: [f(m) for f in heard], control=gate)
+            on_message = lambda m: [f(m) for f in heard]  # noqa: E731
+            run = (spare.run(job, [], on_message, gate or Control()) if spare else None) or \
+                run_worker(job, self.timeout_s, on_message=on_message, control=gate)
             clock.worker_ended()
             clock.lane_wait_s = gate.waited_s() if gate else 0.0
             if baselines is not None:

@@ -80,6 +80,10 @@ class LocalPool:
         self.baseline_runs = 0  # how many times a baseline job ran (bench/, tests)
         self._crowd = Crowd()
         self.alone_runs = 0  # evaluations run again alone after a verdict company can cause (crowded)
+        # as many candidate processes started ahead on each lane as evaluations may run on it at once (a re-time's
+        # two included): their start-up is paid while the planner thinks (evaluation/warm_worker.py)
+        spares = settings().spares
+        evaluator.keep_spares(devices, max(2, -(-self.jobs // self.lanes)) if spares is None else spares)
 
     @property
     def planned_isolation(self):
@@ -178,6 +182,7 @@ class LocalPool:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
+        self.evaluator.drop_spares()
 
 
 def crowded(result: EvalResult) -> bool:

@@ -11,11 +11,20 @@ before a case ran never needs its judge: the warm one is taken down unused.
 Only on a GPU (see available()), and only under bubblewrap: there each worker has a PID namespace of its own and a private /tmp, so the
 candidate cannot reach the process that waits beside it; under Landlock alone the two would share one
 process table, and the judge starts after its candidate as before.
+
+Spares: a run's pool (evaluation/pool.py) keeps candidate processes started the same way before their
+candidates are known, each in a scratch directory of its own, so that a candidate's start-up (Python,
+torch, Triton, the GPU's context: 4 s of its 15 on the H200) is paid while the planner thinks and the
+previous candidate runs. A spare has run only the harness's own code when its job comes (with its lane's
+gate, on the socket); it serves one candidate and ends, as every worker does, so nothing of one candidate
+reaches the next (under bubblewrap a candidate cannot see the spare that waits beside it either).
 """
 
 from __future__ import annotations
 
+import queue
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -24,7 +33,7 @@ from optagent import job_channel
 from optagent.evaluation import isolation
 from optagent.evaluation.lanes import Control
 from optagent.evaluation.sandbox import Spawned, WorkerRun, collect, spawn
-from optagent.evaluation.scratch import scratch_fd
+from optagent.evaluation.scratch import remove_scratch, scratch_fd
 from optagent.messages import Job, Message
 from optagent.schema import Device, Mechanism
 
@@ -52,21 +61,38 @@ class WarmWorker:
             parent.close()
             raise
 
-    def run(self, job: Job, fds: list[int],
-            on_message: Optional[Callable[[Message], None]] = None) -> Optional[WorkerRun]:
+    @property
+    def scratch(self) -> Path:
+        return Path(self.spawned.job.scratch)
+
+    @property
+    def nonce(self) -> str:
+        """The nonce of the scratch directory it was started in: its job's (the worker has never seen it)."""
+        return self.spawned.job.nonce
+
+    def run(self, job: Job, fds: list[int], on_message: Optional[Callable[[Message], None]] = None,
+            gate: Optional[Control] = None) -> Optional[WorkerRun]:
         """Send the job (and the descriptors it names) and read the worker to its end; None, nothing sent,
-        when the worker is no longer there to take it (it died while it waited): the caller starts one."""
+        when the worker is no longer there to take it (it died while it waited): the caller starts one.
+        gate: a spare's lane gate (evaluation/lanes.py), sent with the job; it then stands for the process."""
         if self.spawned.proc.poll() is not None:
             self.abandon()
             return None
         since = time.monotonic()
         self.spawned.watch.count_disk()  # the candidate's outputs are there: the judge's own writes count
+        if gate is not None:
+            self.spawned.control.close()
+            self.spawned.control = gate  # its stop flag, its lane wait, and its close when the process ends
+            fds = [*fds, *gate.fds]
+            job = job.model_copy(update={"gate_fd": gate.fds[0] if gate.fds else None})
         try:
             job_channel.send(self.sock, job.model_dump_json().encode(), fds)
         except OSError:
             pass  # it died while it waited: collect() says how
         finally:
             self.sock.close()
+            if gate is not None:
+                gate.spawned()  # the worker holds the gate's end now (or is gone): ours is closed
         return collect(self.spawned, job, self.timeout_s, on_message, since)
 
     def abandon(self) -> None:
@@ -74,3 +100,76 @@ class WarmWorker:
         self.sock.close()
         self.spawned.abandon()
 
+
+
+class Spares:
+    """Candidate processes waiting for their candidates, `per_device` for each lane device, each started by a
+    thread of its own that lives as long as the pool (a worker dies with the thread that started it:
+    sandbox._die_with_parent). take() hands one over and asks for its replacement at once."""
+
+    def __init__(self, template: Callable[[], Job], timeout_s: float, devices: list[Optional[str]], per_device: int):
+        """template: a new scratch directory's job as far as it is known before its candidate (mode, device,
+        task, timer), made afresh for each spare."""
+        self.template, self.timeout_s = template, timeout_s
+        self._ready: dict[Optional[str], list[WarmWorker]] = {d: [] for d in devices}
+        self._wanted: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._closed = False
+        self.started = self.taken = 0  # for tests and bench/
+        for d in devices:
+            for _ in range(per_device):
+                self._wanted.put(d)
+        self._thread = threading.Thread(target=self._keep, name="optagent-spares", daemon=True)
+        self._thread.start()
+
+    def _keep(self) -> None:
+        while True:
+            device = self._wanted.get()
+            if self._closed:
+                return
+            try:
+                job = self.template()
+            except Exception:
+                continue  # no spare this time: the evaluation starts its candidate process itself
+            try:
+                worker = WarmWorker(job, self.timeout_s, Control(device))
+            except Exception:
+                remove_scratch(Path(job.scratch))
+                continue
+            with self._lock:
+                if not self._closed:
+                    self._ready[device].append(worker)
+                    self.started += 1
+                    continue
+            _discard(worker)
+            return
+
+    def take(self, device: Optional[str]) -> Optional[WarmWorker]:
+        """A spare for a candidate on `device`'s lane, or None (none is ready: the caller starts a process)."""
+        with self._lock:
+            ready = self._ready.get(device)
+            if self._closed or not ready:
+                return None
+            worker = ready.pop(0)
+            self.taken += 1
+        self._wanted.put(device)
+        if worker.spawned.proc.poll() is not None:  # it died while it waited (a limit, the host)
+            _discard(worker)
+            return None
+        return worker
+
+    def close(self) -> None:
+        """The pool is done: the spares still waiting are taken down with their scratch directories."""
+        with self._lock:
+            self._closed = True
+            waiting = [w for ready in self._ready.values() for w in ready]
+            for ready in self._ready.values():
+                ready.clear()
+        self._wanted.put(None)  # wakes the thread, which sees the pool closed
+        for worker in waiting:
+            _discard(worker)
+
+
+def _discard(worker: WarmWorker) -> None:
+    worker.abandon()
+    remove_scratch(worker.scratch)

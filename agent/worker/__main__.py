@@ -17,7 +17,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from optagent.worker import lane  # noqa: F401 (first: its clock starts the cost split's imports)
+from optagent.worker import lane  # first: its clock starts the cost split's imports
 from optagent import job_channel
 from optagent.messages import Channel, Job, WorkerError
 from optagent.schema import Device
@@ -37,7 +37,8 @@ def read_job(where: str) -> Job:
         job = Job.model_validate_json(data)
         samples = {case: [s.model_copy(update={"fd": mapped.get(s.fd) if s.fd is not None else None}) for s in listed]
                    for case, listed in job.samples.items()}
-        return job.model_copy(update={"samples": samples})
+        gate = mapped.get(job.gate_fd) if job.gate_fd is not None else None
+        return job.model_copy(update={"samples": samples, "gate_fd": gate})
     path = Path(where)
     data = path.read_bytes()
     path.unlink()
@@ -45,12 +46,18 @@ def read_job(where: str) -> Job:
 
 
 def warm_up() -> None:
-    """A warm worker (the judge, started beside its candidate) does what every judge does first while it
-    waits: torch and the judge's modules imported, and the device's context made on a GPU."""
+    """A warm worker (a judge started beside its candidate, or a candidate process started before its
+    candidate was known) does what every worker does first while it waits: torch, Triton and the harness's
+    modules imported, and the device's context made on a GPU. Only the harness's own code runs here: no job,
+    no candidate, no nonce yet."""
     import torch
 
-    from optagent.worker import judge  # noqa: F401
+    from optagent.worker import candidate, judge  # noqa: F401
 
+    try:
+        import triton  # noqa: F401 (a Triton candidate's first import, a few hundred ms)
+    except ImportError:
+        pass
     if not os.environ.get("TRITON_INTERPRET") and torch.cuda.is_available():
         torch.zeros(1, device="cuda")
 
@@ -62,6 +69,8 @@ def main() -> None:
         landlock.apply_from_env()
         warm_up()
     job = read_job(sys.argv[1])
+    if warm:
+        lane.job_arrived(job.gate_fd)
     chan = Channel(int(sys.argv[2]), job.nonce)
     try:
         if not warm:

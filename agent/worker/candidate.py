@@ -28,7 +28,8 @@ from optagent.worker.after_work import AfterWork, out_bytes
 from optagent.worker.args import clone_args
 from optagent.worker.compare import fails_check
 from optagent.worker.harness import TaskRuntime, checksum, poison, run_baseline, same_bits
-from optagent.worker.lane import STARTED, lane
+from optagent.worker import lane as lane_clock
+from optagent.worker.lane import lane
 from optagent.messages import (Baseline, CaseFailed, CaseRan, CaseSpec, CaseStart, Channel, Compiled, Done, Hello,
                                Integrity, Job, Phase, PhaseStarted, Sample)
 from optagent.schema import CaseKind, Device, Language, Status, Timing
@@ -139,7 +140,7 @@ class Candidate:
         facts = bench.gpu_facts() if job.device is Device.CUDA else None
         name = torch.cuda.get_device_name(0) if job.device is Device.CUDA else Device.CPU.value
         self.chan.send(Hello(baseline_label=rt.baseline_label, device_name=name, gpu=facts,
-                             import_s=time.monotonic() - STARTED))
+                             import_s=time.monotonic() - lane_clock.STARTED))
 
     def _no_new_threads(self, before: tuple[set[int], set[int]]) -> bool:
         self.sync()

@@ -28,6 +28,15 @@ def _gate_fd() -> Optional[int]:
 _GATE = _gate_fd()
 
 
+def job_arrived(gate_fd: Optional[int]) -> None:
+    """A warm worker's job has come (worker/__main__.py): its gate came with it, and its start counts from
+    now (the imports were paid while it waited: evaluation/warm_worker.py)."""
+    global _GATE, STARTED
+    STARTED = time.monotonic()
+    if gate_fd is not None:
+        _GATE = gate_fd
+
+
 @contextlib.contextmanager
 def lane(chan: Channel, phase: Phase) -> Iterator[None]:
     """Holds the timing lane (where there is one) for the body; the parent releases it too when

@@ -1,0 +1,163 @@
+"""Candidate processes started before their candidates (evaluation/warm_worker.py Spares): a pool keeps them, a
+candidate runs in one, and nothing of one candidate reaches the next. Spares are a GPU's under bubblewrap
+(warm_worker.available); here, on the CPU, they are asked for."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from optagent.evaluation import isolation, warm_worker
+from optagent.evaluation.cases import select_cases
+from optagent.evaluation.evaluator import SandboxEvaluator
+from optagent.evaluation.pool import LocalPool
+from optagent.protocols import PoolJob
+from optagent.schema import Language, Mechanism, Status
+from optagent.task import load_task
+
+pytestmark = pytest.mark.skipif(isolation.mechanism() is not Mechanism.BWRAP,
+                                reason="spares are started only under bubblewrap")
+
+# What a candidate could leave for the next one in a process, a file system or another process it can reach.
+PLANT = '''
+import builtins as _b, os as _os, pathlib as _p, signal as _sig
+import torch as _torch
+_torch._optagent_plant = 1
+_b._optagent_plant = 1
+_os.environ["OPTAGENT_PLANT"] = "1"
+for _d in ("/tmp", "/dev/shm", _os.path.dirname(_os.getcwd()), _os.environ.get("TRITON_CACHE_DIR", "/tmp")):
+    try:
+        _p.Path(_d).mkdir(parents=True, exist_ok=True)
+        _p.Path(_d, "optagent_plant").write_text("1")
+    except OSError:
+        pass
+_mine, _pid = set(), _os.getpid()
+while _pid > 1:  # itself and its ancestors (its sandbox) are spared
+    _mine.add(_pid)
+    _pid = int(_p.Path(f"/proc/{_pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+for _q in _os.listdir("/proc"):  # every other harness process it can see: killed
+    try:
+        if _q.isdigit() and int(_q) not in _mine and b"optagent" in _p.Path(f"/proc/{_q}/cmdline").read_bytes():
+            _os.kill(int(_q), _sig.SIGKILL)
+    except OSError:
+        pass
+'''
+
+LOOK = '''
+import builtins as _b, os as _os, pathlib as _p
+import torch as _torch
+_found = [w for w, hit in [
+    ("torch", hasattr(_torch, "_optagent_plant")), ("builtins", hasattr(_b, "_optagent_plant")),
+    ("environ", "OPTAGENT_PLANT" in _os.environ),
+    *[(d, _p.Path(d, "optagent_plant").exists()) for d in
+      ("/tmp", "/dev/shm", _os.path.dirname(_os.getcwd()), _os.environ.get("TRITON_CACHE_DIR", "/tmp"))]] if hit]
+if _found:
+    raise RuntimeError(f"the last candidate's state is here: {_found}")
+'''
+
+
+class Watched:
+    """The spares a pool keeps, watched: when each was started, and which ones ran a candidate."""
+
+    def __init__(self, monkeypatch):
+        monkeypatch.setattr(warm_worker, "available", lambda device: True)
+        self.ran: list[tuple[float, bool]] = []  # (when the spare was started, whether it was alive at its job)
+        real_run = warm_worker.WarmWorker.run
+        rec = self
+
+        def run(self, job, *a, **k):
+            if job.mode == "candidate":
+                rec.ran.append((self.spawned.start, self.spawned.proc.poll() is None))
+            return real_run(self, job, *a, **k)
+        monkeypatch.setattr(warm_worker.WarmWorker, "run", run)
+
+
+def _pool(task_dir: Path) -> tuple[LocalPool, str]:
+    task = load_task(task_dir)
+    ev = SandboxEvaluator(task, "cpu", select_cases(task, "cpu", 0, None, hidden=False)[:1], timeout_s=120,
+                          static_scan=False, guard=False)  # the operating system's containment alone
+    return LocalPool(ev, jobs=1, devices=[None]), task.starter(Language.TRITON).source
+
+
+def _ready(pool: LocalPool, n: int, wait_s: float = 60.0) -> None:
+    spares = pool.evaluator.spares
+    assert spares is not None
+    deadline = time.monotonic() + wait_s
+    while spares.started < n and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert spares.started >= n, "the pool's spare was never started"
+
+
+def test_a_candidate_runs_in_a_spare_and_leaves_nothing_for_the_next(task_dir, monkeypatch):
+    rec = Watched(monkeypatch)
+    pool, source = _pool(task_dir)
+    try:
+        _ready(pool, 1)
+        (_, first), = pool.evaluate([PoolJob(1, PLANT + source, Language.TRITON)])
+        ended = time.monotonic()
+        assert first.status is Status.PASSED, first.reason  # its plants did not stop it
+        _ready(pool, 2)  # the next spare: started while the first candidate ran
+        (_, second), = pool.evaluate([PoolJob(2, LOOK + source, Language.TRITON)])
+        assert second.status is Status.PASSED, second.reason  # none of the plants is in its process or files
+        assert len(rec.ran) == 2 and all(alive for _, alive in rec.ran)  # each in a spare, the second not killed
+        assert rec.ran[1][0] < ended  # which was waiting beside the planting candidate
+        assert pool.evaluator.spares.taken == 2
+    finally:
+        pool.close()
+
+
+def test_a_planted_state_would_be_found(task_dir):
+    """The check above can fail: in one process, the plants are seen."""
+    task = load_task(task_dir)
+    ev = SandboxEvaluator(task, "cpu", select_cases(task, "cpu", 0, None, hidden=False)[:1], timeout_s=120,
+                          static_scan=False, guard=False)
+    result = ev.evaluate(PLANT + LOOK + task.starter(Language.TRITON).source, Language.TRITON)
+    assert result.status is Status.COMPILE_ERROR and "the last candidate's state is here" in (result.reason or "")
+
+
+def test_a_closed_pool_takes_its_spares_down(task_dir, monkeypatch):
+    Watched(monkeypatch)
+    pool, _ = _pool(task_dir)
+    _ready(pool, 1)
+    spares = pool.evaluator.spares
+    waiting = [w for ready in spares._ready.values() for w in ready]
+    assert waiting and all(w.spawned.proc.poll() is None and w.scratch.is_dir() for w in waiting)
+    pool.close()
+    assert pool.evaluator.spares is None
+    for w in waiting:
+        assert w.spawned.proc.poll() is not None and not w.scratch.exists()
+
+
+def test_a_spare_that_died_while_it_waited_is_replaced_by_a_fresh_process(task_dir, monkeypatch):
+    import os
+
+    rec = Watched(monkeypatch)
+    pool, source = _pool(task_dir)
+    try:
+        _ready(pool, 1)
+        for ready in pool.evaluator.spares._ready.values():  # a fault: the waiting spare is killed
+            for w in ready:
+                os.killpg(w.spawned.proc.pid, 9)
+                w.spawned.proc.wait()
+        (_, result), = pool.evaluate([PoolJob(1, source, Language.TRITON)])
+        assert result.status is Status.PASSED, result.reason
+        assert rec.ran == []  # no spare was handed a job: a process was started for it
+    finally:
+        pool.close()
+
+
+def test_none_are_kept_when_the_setting_says_none(task_dir, monkeypatch):
+    Watched(monkeypatch)
+    monkeypatch.setenv("OPTAGENT_SPARES", "0")
+    pool, _ = _pool(task_dir)
+    try:
+        assert pool.evaluator.spares is None
+    finally:
+        pool.close()
+    monkeypatch.setenv("OPTAGENT_SPARES", "-1")
+    from optagent.settings import EnvError
+
+    with pytest.raises(EnvError, match="OPTAGENT_SPARES"):
+        _pool(task_dir)
