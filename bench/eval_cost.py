@@ -140,6 +140,8 @@ class Bench:
                 pool.retime([job, PoolJob(1, starter.source, lang)])
                 row["retime2_s"] = time.monotonic() - t0
         finally:
+            spares = pool.evaluator.spares
+            row["pool"] = {"baseline_runs": pool.baseline_runs, "spares_taken": spares.taken if spares else 0}
             pool.close()
         results = row.pop("results", [])
         row["repeat_pct"] = spread_pct(*results) if len(results) == 2 else None
@@ -156,10 +158,13 @@ class Bench:
                 pool._baseline(pool.lane_list[0]).result()
                 results, wall, busy = self.timed(pool, [PoolJob(i, source, lang) for i in range(n)])
             finally:
+                spares = pool.evaluator.spares
+                runs, taken = pool.baseline_runs, spares.taken if spares else 0
                 pool.close()
             ok = sum(r.status.ok for r in results)
             print(f"width {package:<13} {lang.value:<6} w={w} {n} candidates ({ok} passed) in {wall:.1f} s: "
-                  f"{n / wall * 3600:.0f} cand/h, gpu busy {_f(busy, '.0f')}%", flush=True)
+                  f"{n / wall * 3600:.0f} cand/h, gpu busy {_f(busy, '.0f')}% ({runs} baseline jobs, {taken} spares "
+                  "taken)", flush=True)
             failed = [f"{r.status.value}: {(r.reason or '')[:240]}" for r in results if not r.status.ok]
             for why in failed:
                 print(f"    {why}", flush=True)
@@ -180,7 +185,7 @@ def print_row(row: dict) -> None:
           + " ".join(f"{_f(phase[p], '.2f'):>7}" for p in PHASES)
           + f" {_f(statistics.mean(busy) if busy else None, '.0f'):>5} {3600 / wall:>7.0f}"
           f" {_f(row.get('retime2_s')):>8} {_f(row.get('repeat_pct'), '.2f'):>6}"
-          f"   (walls {', '.join(format(e['wall_s'], '.1f') for e in evals)})", flush=True)
+          f"   (walls {', '.join(format(e['wall_s'], '.1f') for e in evals)}; {row.get('pool')})", flush=True)
     for e in evals:
         if e["status"] != "PASSED":
             print(f"    {e['status']}: {(e['reason'] or '')[:200]}", flush=True)

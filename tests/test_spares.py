@@ -82,6 +82,8 @@ def _pool(task_dir: Path) -> tuple[LocalPool, str]:
 
 
 def _ready(pool: LocalPool, n: int, wait_s: float = 60.0) -> None:
+    """The lane's baseline job (spares start only once it has timed), then n spares started."""
+    pool._baseline(pool.lane_list[0]).result()
     spares = pool.evaluator.spares
     assert spares is not None
     deadline = time.monotonic() + wait_s
@@ -95,15 +97,16 @@ def test_a_candidate_runs_in_a_spare_and_leaves_nothing_for_the_next(task_dir, m
     pool, source = _pool(task_dir)
     try:
         _ready(pool, 1)
+        _ready(pool, 2)  # a spare for each of the two candidates, both waiting before the first one runs
         (_, first), = pool.evaluate([PoolJob(1, PLANT + source, Language.TRITON)])
         ended = time.monotonic()
         assert first.status is Status.PASSED, first.reason  # its plants did not stop it
-        _ready(pool, 2)  # the next spare: started while the first candidate ran
         (_, second), = pool.evaluate([PoolJob(2, LOOK + source, Language.TRITON)])
         assert second.status is Status.PASSED, second.reason  # none of the plants is in its process or files
         assert len(rec.ran) == 2 and all(alive for _, alive in rec.ran)  # each in a spare, the second not killed
         assert rec.ran[1][0] < ended  # which was waiting beside the planting candidate
         assert pool.evaluator.spares.taken == 2
+        _ready(pool, 3)  # and a third started once the first candidate's process had ended
     finally:
         pool.close()
 

@@ -71,11 +71,11 @@ class SandboxEvaluator:
                                                                        input_sets=referee.ONE_SET, warmup=1)
         self.spares: Optional[Spares] = None  # candidate processes started ahead (keep_spares)
 
-    def keep_spares(self, devices: list[Optional[str]], per_device: int) -> None:
+    def keep_spares(self, per_device: int) -> None:
         """A run's pool: candidate processes started before their candidates, per lane device (warm_worker.py)."""
         if per_device > 0 and warm_worker.available(self.device) and self.spares is None:
             self.spares = Spares(lambda: self._job("candidate", *new_scratch(self.scratch_root), timer=native_timer()),
-                                 self.timeout_s, devices, per_device)
+                                 self.timeout_s, per_device)
 
     def drop_spares(self) -> None:
         if self.spares is not None:
@@ -115,7 +115,8 @@ class SandboxEvaluator:
         if why:
             return EvalResult(status=Status.REJECTED, reason=f"rejected before running: {why}", **common,
                               cases=[], wall_s=time.monotonic() - start)
-        spare = self.spares.take(gate.env.get("CUDA_VISIBLE_DEVICES") if gate else None) if self.spares else None
+        lane_device = gate.env.get("CUDA_VISIBLE_DEVICES") if gate else None
+        spare = self.spares.take(lane_device) if self.spares else None
         scratch, nonce = (spare.scratch, spare.nonce) if spare else new_scratch(self.scratch_root)
         clock = CostClock(started=start)
         early: Optional[WarmWorker] = None
@@ -136,6 +137,8 @@ class SandboxEvaluator:
             run = (spare.run(job, [], on_message, gate or Control()) if spare else None) or \
                 run_worker(job, self.timeout_s, on_message=on_message, control=gate)
             clock.worker_ended()
+            if self.spares:
+                self.spares.top_up(lane_device)  # its timed phase is over: the next candidate's process starts
             clock.lane_wait_s = gate.waited_s() if gate else 0.0
             if baselines is not None:
                 t0 = time.monotonic()

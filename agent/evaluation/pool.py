@@ -83,7 +83,7 @@ class LocalPool:
         # as many candidate processes started ahead on each lane as evaluations may run on it at once (a re-time's
         # two included): their start-up is paid while the planner thinks (evaluation/warm_worker.py)
         spares = settings().spares
-        evaluator.keep_spares(devices, max(2, -(-self.jobs // self.lanes)) if spares is None else spares)
+        evaluator.keep_spares(max(2, -(-self.jobs // self.lanes)) if spares is None else spares)
 
     @property
     def planned_isolation(self):
@@ -177,6 +177,8 @@ class LocalPool:
             got = run.all(Baseline) if run.first(Done) else []
             slow = any(b.timing.host_slow for b in got)
             out.set_result(LaneBaseline(got, probe, time.monotonic(), slow) if got else None)
+            if self.evaluator.spares:  # the lane's timing is done: its candidate processes start
+                self.evaluator.spares.top_up(lane.device)
         except BaseException as e:  # the evaluations waiting for it get no baseline, and say nothing false
             out.set_exception(e)
 

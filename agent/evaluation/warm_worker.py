@@ -103,46 +103,57 @@ class WarmWorker:
 
 
 class Spares:
-    """Candidate processes waiting for their candidates, `per_device` for each lane device, each started by a
-    thread of its own that lives as long as the pool (a worker dies with the thread that started it:
-    sandbox._die_with_parent). take() hands one over and asks for its replacement at once."""
+    """Candidate processes waiting for their candidates, up to `per_device` for each lane device, each started
+    by a thread of its own that lives as long as the pool (a worker dies with the thread that started it:
+    sandbox._die_with_parent). Started only when top_up() asks: after a lane's baseline job and after a
+    candidate's process has ended, never beside a timed phase they could slow (a spare's start-up is seconds
+    of CPU work and a GPU context made: on the H200, started beside the lane's baseline job, it made the host
+    probe read slow, and the baseline job ran again before every evaluation)."""
 
-    def __init__(self, template: Callable[[], Job], timeout_s: float, devices: list[Optional[str]], per_device: int):
+    def __init__(self, template: Callable[[], Job], timeout_s: float, per_device: int):
         """template: a new scratch directory's job as far as it is known before its candidate (mode, device,
         task, timer), made afresh for each spare."""
-        self.template, self.timeout_s = template, timeout_s
-        self._ready: dict[Optional[str], list[WarmWorker]] = {d: [] for d in devices}
+        self.template, self.timeout_s, self.per_device = template, timeout_s, per_device
+        self._ready: dict[Optional[str], list[WarmWorker]] = {}
+        self._count: dict[Optional[str], int] = {}  # ready or starting, per device
         self._wanted: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._closed = False
         self.started = self.taken = 0  # for tests and bench/
-        for d in devices:
-            for _ in range(per_device):
-                self._wanted.put(d)
         self._thread = threading.Thread(target=self._keep, name="optagent-spares", daemon=True)
         self._thread.start()
+
+    def top_up(self, device: Optional[str]) -> None:
+        """Start as many as `device`'s lane lacks."""
+        with self._lock:
+            lacking = 0 if self._closed else self.per_device - self._count.get(device, 0)
+            self._count[device] = self._count.get(device, 0) + max(0, lacking)
+        for _ in range(lacking):
+            self._wanted.put(device)
 
     def _keep(self) -> None:
         while True:
             device = self._wanted.get()
             if self._closed:
                 return
+            worker = None
             try:
                 job = self.template()
+                try:
+                    worker = WarmWorker(job, self.timeout_s, Control(device))
+                except Exception:
+                    remove_scratch(Path(job.scratch))
             except Exception:
-                continue  # no spare this time: the evaluation starts its candidate process itself
-            try:
-                worker = WarmWorker(job, self.timeout_s, Control(device))
-            except Exception:
-                remove_scratch(Path(job.scratch))
-                continue
+                pass  # no spare this time: an evaluation starts its candidate process itself
             with self._lock:
-                if not self._closed:
-                    self._ready[device].append(worker)
+                if worker is None or self._closed:
+                    self._count[device] -= 1
+                else:
+                    self._ready.setdefault(device, []).append(worker)
                     self.started += 1
                     continue
-            _discard(worker)
-            return
+            if worker is not None:
+                _discard(worker)
 
     def take(self, device: Optional[str]) -> Optional[WarmWorker]:
         """A spare for a candidate on `device`'s lane, or None (none is ready: the caller starts a process)."""
@@ -151,8 +162,8 @@ class Spares:
             if self._closed or not ready:
                 return None
             worker = ready.pop(0)
+            self._count[device] -= 1
             self.taken += 1
-        self._wanted.put(device)
         if worker.spawned.proc.poll() is not None:  # it died while it waited (a limit, the host)
             _discard(worker)
             return None
@@ -163,8 +174,7 @@ class Spares:
         with self._lock:
             self._closed = True
             waiting = [w for ready in self._ready.values() for w in ready]
-            for ready in self._ready.values():
-                ready.clear()
+            self._ready.clear()
         self._wanted.put(None)  # wakes the thread, which sees the pool closed
         for worker in waiting:
             _discard(worker)
