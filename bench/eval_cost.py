@@ -141,7 +141,8 @@ class Bench:
                 row["retime2_s"] = time.monotonic() - t0
         finally:
             spares = pool.evaluator.spares
-            row["pool"] = {"baseline_runs": pool.baseline_runs, "spares_taken": spares.taken if spares else 0}
+            row["pool"] = {"baseline_runs": pool.baseline_runs, "spares_taken": spares.taken if spares else 0,
+                           "baseline_why": pool.baseline_why}
             pool.close()
         results = row.pop("results", [])
         row["repeat_pct"] = spread_pct(*results) if len(results) == 2 else None
@@ -160,6 +161,7 @@ class Bench:
             finally:
                 spares = pool.evaluator.spares
                 runs, taken = pool.baseline_runs, spares.taken if spares else 0
+                print(f"    baseline jobs again: {pool.baseline_why}", flush=True)
                 pool.close()
             ok = sum(r.status.ok for r in results)
             print(f"width {package:<13} {lang.value:<6} w={w} {n} candidates ({ok} passed) in {wall:.1f} s: "

@@ -177,3 +177,28 @@ def test_eval_prints_the_cost_split(task_dir, capsys):
     assert code == 0
     assert "cost " in out.err and "imports" in out.err and "judge" in out.err
     assert '"costs"' in out.out
+
+
+def test_a_lane_baseline_is_timed_again_for_drift_at_most_once_a_minute(monkeypatch):
+    """The host probe drifts with whatever else the host does: a baseline job (seconds of the lane) is not
+    re-run for it before MIN_AGE_S; after that, a slow baseline or a moved probe re-runs it; MAX_AGE_S always."""
+    from concurrent.futures import Future
+
+    from optagent.evaluation import pool as pool_module
+
+    def done(age_s: float, slow: bool = False, probe_us: float = 10.0) -> Future:
+        f: Future = Future()
+        f.set_result(pool_module.LaneBaseline([], probe_us, time.monotonic() - age_s, slow))
+        return f
+
+    monkeypatch.setattr(pool_module, "_host_probe", lambda: 20.0)  # twice the baseline's probe: drifted
+    assert pool_module._stale(done(5.0)) is None
+    assert pool_module._stale(done(5.0, slow=True)) is None
+    assert "moved from 10.0 to 20.0" in pool_module._stale(done(pool_module.MIN_AGE_S + 1))
+    assert "slow host" in pool_module._stale(done(pool_module.MIN_AGE_S + 1, slow=True))
+    assert "old" in pool_module._stale(done(pool_module.MAX_AGE_S + 1))
+    monkeypatch.setattr(pool_module, "_host_probe", lambda: 10.5)
+    assert pool_module._stale(done(pool_module.MIN_AGE_S + 1)) is None
+    failed: Future = Future()
+    failed.set_exception(RuntimeError("x"))
+    assert "failed" in pool_module._stale(failed)

@@ -23,6 +23,11 @@ class CrowdedGpu:
     (`greedy` ones always); `broken` ones fail otherwise. Records how many ran beside each."""
 
     device = Device.CUDA
+    spares = None  # no candidate processes started ahead (evaluation/warm_worker.py)
+
+    def keep_spares(self, per_device: int) -> None: ...
+
+    def drop_spares(self) -> None: ...
 
     def __init__(self):
         self.lock = threading.Lock()

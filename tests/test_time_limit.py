@@ -34,6 +34,11 @@ class FakeSandbox:
     as a worker that never finishes is killed by its Control's stop flag."""
 
     device, planned_isolation = Device.CPU, None
+    spares = None  # no candidate processes started ahead (evaluation/warm_worker.py)
+
+    def keep_spares(self, per_device: int) -> None: ...
+
+    def drop_spares(self) -> None: ...
 
     def __init__(self, times: dict[str, float], hang: set[str]):
         self.times, self.hang, self.calls, self.stopped = times, hang, [], []

@@ -9,8 +9,8 @@ visible GPU, each process pinned to its lane's GPU. On the CPU there is one lane
 The baselines are timed once per lane, in a process of their own (the baseline job: no
 candidate code in it, as before when they were timed first in the candidate process) and
 reused by every evaluation on that lane until the host drifts: the parent's host-speed
-probe (worker/host_speed.py) runs more than SLACK off its speed at the baseline's time, the
-baseline was itself taken on a slow host, or it is MAX_AGE_S old. Why: the lane is the
+probe (worker/host_speed.py) runs more than SLACK off its speed at the baseline's time, or the
+baseline was itself taken on a slow host, once it is MIN_AGE_S old; or it is MAX_AGE_S old. Why: the lane is the
 shared resource, and the baselines took a quarter to a third of a candidate's time in it
 (CPU, measured: 0.34 s of 1.34 s; a GPU times them eagerly only, the kernel also by graph
 replay); and candidates timed on one lane now share one baseline timing, so their speedups
@@ -39,6 +39,10 @@ from optagent.settings import settings
 from optagent.worker import host_speed
 
 MAX_AGE_S = 900.0  # GPU clocks and neighbours drift in ways the host probe does not see
+# A baseline job holds the lane for seconds (3-7 s on the H200 for decode), and the host probe drifts with whatever
+# else the host does (other evaluations compiling, spare processes starting): on the H200 it ran again before nearly
+# every evaluation (3 baseline jobs for 2 evaluations and a re-time). Drift re-times it at most once in this long.
+MIN_AGE_S = 60.0
 PROBES = 50  # the parent's host probe: the fastest of this many ~10 us runs
 
 
@@ -78,6 +82,7 @@ class LocalPool:
         self._lock = threading.Lock()
         self._baselines: dict[int, Future] = {}
         self.baseline_runs = 0  # how many times a baseline job ran (bench/, tests)
+        self.baseline_why: list[str] = []  # and why each one after the first (bench/)
         self._crowd = Crowd()
         self.alone_runs = 0  # evaluations run again alone after a verdict company can cause (crowded)
         # as many candidate processes started ahead on each lane as evaluations may run on it at once (a re-time's
@@ -162,7 +167,10 @@ class LocalPool:
         """The lane's baseline timing: the current one while fresh, else a new baseline job, started now."""
         with self._lock:
             current = self._baselines.get(lane.index)
-            if current is None or (current.done() and not _fresh(current)):
+            why = _stale(current) if current is not None and current.done() else None
+            if current is None or why:
+                if why:
+                    self.baseline_why.append(why)
                 current = Future()
                 self._baselines[lane.index] = current
                 self.baseline_runs += 1
@@ -255,15 +263,25 @@ def _baselines_of(future: Future) -> list[Baseline]:
     return list(got.baselines) if got else []
 
 
-def _fresh(future: Future) -> bool:
+def _stale(future: Future) -> Optional[str]:
+    """Why the lane's baseline timing is to be taken again, or None."""
     try:
         got: Optional[LaneBaseline] = future.result()
-    except Exception:
-        return False
-    if got is None or got.slow or time.monotonic() - got.at > MAX_AGE_S:
-        return False
+    except Exception as e:
+        return f"the baseline job failed ({type(e).__name__})"
+    if got is None:
+        return "the baseline job gave no timing"
+    age = time.monotonic() - got.at
+    if age > MAX_AGE_S:
+        return f"{age:.0f} s old"
+    if age < MIN_AGE_S:
+        return None
+    if got.slow:
+        return "taken on a slow host"
     now = _host_probe()
-    return now <= host_speed.SLACK * got.probe_us and got.probe_us <= host_speed.SLACK * now
+    if now > host_speed.SLACK * got.probe_us or got.probe_us > host_speed.SLACK * now:
+        return f"the host probe moved from {got.probe_us:.1f} to {now:.1f} us"
+    return None
 
 
 def _host_probe() -> float:
