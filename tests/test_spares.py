@@ -81,11 +81,13 @@ def _pool(task_dir: Path) -> tuple[LocalPool, str]:
     return LocalPool(ev, jobs=1, devices=[None]), task.starter(Language.TRITON).source
 
 
-def _ready(pool: LocalPool, n: int, wait_s: float = 60.0) -> None:
-    """The lane's baseline job (spares start only once it has timed), then n spares started."""
-    pool._baseline(pool.lane_list[0]).result()
+def _ready(pool: LocalPool, n: int, wait_s: float = 60.0, ask: bool = True) -> None:
+    """n spares started, as a run has them by its second candidate (spares start once a candidate's process has
+    ended: here they are asked for at once)."""
     spares = pool.evaluator.spares
     assert spares is not None
+    if ask:
+        spares.top_up(None)
     deadline = time.monotonic() + wait_s
     while spares.started < n and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -96,7 +98,6 @@ def test_a_candidate_runs_in_a_spare_and_leaves_nothing_for_the_next(task_dir, m
     rec = Watched(monkeypatch)
     pool, source = _pool(task_dir)
     try:
-        _ready(pool, 1)
         _ready(pool, 2)  # a spare for each of the two candidates, both waiting before the first one runs
         (_, first), = pool.evaluate([PoolJob(1, PLANT + source, Language.TRITON)])
         ended = time.monotonic()
@@ -106,7 +107,7 @@ def test_a_candidate_runs_in_a_spare_and_leaves_nothing_for_the_next(task_dir, m
         assert len(rec.ran) == 2 and all(alive for _, alive in rec.ran)  # each in a spare, the second not killed
         assert rec.ran[1][0] < ended  # which was waiting beside the planting candidate
         assert pool.evaluator.spares.taken == 2
-        _ready(pool, 3)  # and a third started once the first candidate's process had ended
+        _ready(pool, 3, ask=False)  # and a third, started by the pool once the first candidate's process ended
     finally:
         pool.close()
 
@@ -164,3 +165,51 @@ def test_none_are_kept_when_the_setting_says_none(task_dir, monkeypatch):
 
     with pytest.raises(EnvError, match="OPTAGENT_SPARES"):
         _pool(task_dir)
+
+
+def test_a_pool_stopped_mid_evaluation_leaves_no_process_or_scratch_behind(task_dir, monkeypatch):
+    """Fault injection: the run stops (its time limit, Ctrl-C) while a candidate hangs in a spare and others wait."""
+    import threading
+
+    Watched(monkeypatch)
+    made: list[warm_worker.WarmWorker] = []
+    real_init = warm_worker.WarmWorker.__init__
+
+    def init(self, *a, **k):
+        real_init(self, *a, **k)
+        made.append(self)
+    monkeypatch.setattr(warm_worker.WarmWorker, "__init__", init)
+    pool, source = _pool(task_dir)
+    hang = source.replace("def run_kernel(", "def run_kernel(*_a, **_k):\n    while True:\n        pass\n\n\ndef _unused(", 1)
+    stop = threading.Event()
+    try:
+        _ready(pool, 2)
+        threading.Timer(3.0, stop.set).start()
+        t0 = time.monotonic()
+        results = list(pool.evaluate([PoolJob(1, hang, Language.TRITON)], stop=stop))
+        assert time.monotonic() - t0 < 30  # stopped, not run to its timeout
+        assert all(r.status is not Status.PASSED for _, r in results)
+    except Exception as e:  # a stopped pool may say so by raising: what it leaves behind is the point
+        assert stop.is_set(), e
+    finally:
+        pool.close()
+    assert len(made) >= 2
+    for w in made:
+        assert w.spawned.proc.poll() is not None, "a spare outlived its pool"
+        assert not w.scratch.exists(), f"{w.scratch} outlived its pool"
+
+
+def test_spares_start_once_a_candidates_process_has_ended_never_before(task_dir, monkeypatch):
+    """A spare's start-up is seconds of CPU work: none starts beside a run's first evaluation (its starter's timing
+    is the run's bar); the first candidate's process ending starts them, for the next candidates."""
+    rec = Watched(monkeypatch)
+    pool, source = _pool(task_dir)
+    try:
+        time.sleep(1.0)
+        assert pool.evaluator.spares.started == 0
+        (_, first), = pool.evaluate([PoolJob(1, source, Language.TRITON)])
+        assert first.status is Status.PASSED, first.reason
+        assert rec.ran == []  # cold: no spare was there
+        _ready(pool, 2, ask=False)  # as many as the lane keeps, started by the pool itself
+    finally:
+        pool.close()

@@ -185,8 +185,6 @@ class LocalPool:
             got = run.all(Baseline) if run.first(Done) else []
             slow = any(b.timing.host_slow for b in got)
             out.set_result(LaneBaseline(got, probe, time.monotonic(), slow) if got else None)
-            if self.evaluator.spares:  # the lane's timing is done: its candidate processes start
-                self.evaluator.spares.top_up(lane.device)
         except BaseException as e:  # the evaluations waiting for it get no baseline, and say nothing false
             out.set_exception(e)
 
