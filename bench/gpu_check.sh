@@ -13,6 +13,7 @@
 #                                   e.g. LANE1="trace:4/16384:1/1024": where a bulk-kernel launch spends its time
 #   COST_ARGS="--budget 300" bash bench/gpu_check.sh cost   seconds per candidate, their phases, GPU-busy share,
 #                                   candidates/hour, re-time cost, repeatability (issue 31, bench/eval_cost.py)
+#   STEPS=referee_rtt bash bench/gpu_check.sh steps   a referee's round trip against a GPU call (issue 31)
 #   STEPS=ray_overhead bash bench/gpu_check.sh steps   Ray's overhead per candidate against the local pool
 #                                   (issue 24; needs .ray/ray.tar.xz from bench/pack_ray.sh)
 #
@@ -278,6 +279,11 @@ steps() {  # STEPS="fn[:arg[:arg]] ...": the named functions one after another, 
 eval_cost() {  # issue 31: seconds per candidate and where they go (bench/eval_cost.py; COST_ARGS: its options)
   timeout "${COST_TIMEOUT:-570}" python3 bench/eval_cost.py --json-out "$OUT/eval_cost.json" ${COST_ARGS:-} 2>&1 \
     | tee "$OUT/eval_cost.txt" | grep -vE "^\s+\.\.\. "
+}
+
+referee_rtt() {  # issue 31: a referee's round trip to a launcher process against the GPU call (bench/referee_rtt.py)
+  timeout "${RTT_TIMEOUT:-200}" python3 bench/referee_rtt.py ${RTT_ARGS:-} > "$OUT/eval_cost-rtt.txt" 2>&1
+  echo "referee rtt: exit $?"; cat "$OUT/eval_cost-rtt.txt"
 }
 
 eval_profile() {  # issue 31: one evaluation's message timeline and its judge under cProfile (bench/eval_profile.py)
