@@ -115,7 +115,7 @@ class SandboxEvaluator:
         if why:
             return EvalResult(status=Status.REJECTED, reason=f"rejected before running: {why}", **common,
                               cases=[], wall_s=time.monotonic() - start)
-        lane_device = gate.env.get("CUDA_VISIBLE_DEVICES") if gate else None
+        lane_device = gate.device if gate else None
         spare = self.spares.take(lane_device) if self.spares else None
         scratch, nonce = (spare.scratch, spare.nonce) if spare else new_scratch(self.scratch_root)
         clock = CostClock(started=start)

@@ -104,6 +104,7 @@ class Control:
     """What a pool adds to one worker process: its device, a stop flag (and a gate, in Gate)."""
 
     def __init__(self, device: Optional[str] = None, stop: Optional[threading.Event] = None):
+        self.device = device  # the lane's GPU (None: whatever the process sees)
         self.env: dict[str, str] = {"CUDA_VISIBLE_DEVICES": device} if device is not None else {}
         self.fds: tuple[int, ...] = ()
         self.stop = stop

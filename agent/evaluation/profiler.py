@@ -123,7 +123,7 @@ class Profiler:
             src.write_text(source, encoding="utf-8")
             job = make_job("profile", scratch, nonce, language=language, source_path=str(src))
             job = job.model_copy(update={"cases": [s for s in job.cases if s.kind is not CaseKind.HIDDEN]})
-            control = Control(control.env.get("CUDA_VISIBLE_DEVICES"), control.stop) if control else Control()
+            control = Control(control.device, control.stop) if control else Control()
             control.env["HOME"] = str(scratch)  # ncu keeps its settings under HOME, read-only in the sandbox
             lane = gate.lane if isinstance(gate, Gate) and not isinstance(gate.lane, OrderedLane) else None
             who = ("profile", object())

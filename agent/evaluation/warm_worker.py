@@ -101,7 +101,6 @@ class WarmWorker:
         self.spawned.abandon()
 
 
-
 class Spares:
     """Candidate processes waiting for their candidates, up to `per_device` for each lane device, each started
     by a thread of its own that lives as long as the pool (a worker dies with the thread that started it:
