@@ -78,6 +78,11 @@ class GpuBusy:
             self.proc.terminate()
 
 
+def spares_taken(pool: LocalPool) -> int:
+    """How many of the pool's spare candidate processes evaluations have taken so far (evaluation/warm_worker.py)."""
+    return pool.evaluator.spares.taken if pool.evaluator.spares else 0
+
+
 def case_medians(r: EvalResult) -> dict[str, float]:
     return {c.case: (c.gpu_us or c.time_us) for c in r.cases if (c.gpu_us or c.time_us)}
 
@@ -133,11 +138,10 @@ class Bench:
             for _ in range(evals):
                 if self.left() <= 0:
                     break
-                spares = pool.evaluator.spares
-                taken = spares.taken if spares else 0
+                taken = spares_taken(pool)
                 (r,), wall, busy = self.timed(pool, [job])
                 row["evals"].append({"wall_s": wall, "gpu_busy": busy, "status": r.status.value,
-                                     "in_spare": bool(spares and spares.taken > taken),
+                                     "in_spare": spares_taken(pool) > taken,
                                      "costs": r.costs.model_dump() if r.costs else None, "medians": case_medians(r),
                                      "reason": r.reason})
                 row.setdefault("results", []).append(r)
@@ -146,8 +150,7 @@ class Bench:
                 pool.retime([job, PoolJob(1, starter.source, lang)])
                 row["retime2_s"] = time.monotonic() - t0
         finally:
-            spares = pool.evaluator.spares
-            row["pool"] = {"baseline_runs": pool.baseline_runs, "spares_taken": spares.taken if spares else 0,
+            row["pool"] = {"baseline_runs": pool.baseline_runs, "spares_taken": spares_taken(pool),
                            "baseline_why": pool.baseline_why}
             pool.close()
         results = row.pop("results", [])
@@ -165,8 +168,7 @@ class Bench:
                 pool._baseline(pool.lane_list[0]).result()
                 results, wall, busy = self.timed(pool, [PoolJob(i, source, lang) for i in range(n)])
             finally:
-                spares = pool.evaluator.spares
-                runs, taken = pool.baseline_runs, spares.taken if spares else 0
+                runs, taken = pool.baseline_runs, spares_taken(pool)
                 print(f"    baseline jobs again: {pool.baseline_why}", flush=True)
                 pool.close()
             ok = sum(r.status.ok for r in results)
