@@ -8,6 +8,10 @@ with every harness message's arrival time recorded (the candidate process's phas
 the judge run in this process under cProfile instead of in its sandboxed worker, so that its hot spots
 show. A bench, never a run's path: the judge here is outside its sandbox (it loads no candidate code;
 the saved outputs are read as torch.load(weights_only=True) reads them there).
+
+--candidate profiles the candidate process's work instead: the harness (worker/candidate.py) runs the
+kernel in this process under cProfile, with the Python timer and no guard, so only for kernels that are
+trusted (the package's starters); its verdict means nothing, its hot spots are the point.
 """
 
 from __future__ import annotations
@@ -63,6 +67,35 @@ def judge_in_process(top: int, keep: dict):
     return _judge
 
 
+def candidate_in_process(top: int, keep: dict):
+    """run_worker for the candidate's job: the harness in this process under cProfile (see the docstring)."""
+    real = evaluator_mod.run_worker
+
+    def _run(job: Job, timeout_s: float, on_message=None, control=None, fds=()) -> WorkerRun:
+        if job.mode != "candidate":
+            return real(job, timeout_s, on_message=on_message, control=control, fds=fds)
+        from optagent.worker.candidate import Candidate
+
+        job = job.model_copy(update={"guard": False})  # the import lock would hold this process too
+        with tempfile.TemporaryFile() as out:
+            prof = cProfile.Profile()
+            t0 = time.monotonic()
+            prof.runcall(Candidate(job, Channel(out.fileno(), job.nonce)).run)
+            keep["candidate_wall"] = time.monotonic() - t0
+            out.seek(0)
+            messages, _ = parse_messages(out.read(), job.nonce)
+        for m in messages:
+            if on_message:
+                on_message(m)
+        text = io.StringIO()
+        stats = pstats.Stats(prof, stream=text)
+        stats.sort_stats("cumulative").print_stats(top)
+        stats.sort_stats("tottime").print_stats(top // 2)
+        keep["candidate_profile"] = text.getvalue()
+        return WorkerRun(messages=messages)
+    return _run
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("package", nargs="?", default=str(ROOT / "tasks" / "flashattn_task_package"))
@@ -70,7 +103,10 @@ def main() -> None:
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--language", default="triton")
     p.add_argument("--top", type=int, default=40)
+    p.add_argument("--candidate", action="store_true", help="profile the candidate's harness, not the judge")
     a = p.parse_args()
+    if a.candidate:
+        os.environ["OPTAGENT_TIMER"] = "python"  # the harness runs here: no native timer's descriptors
     task = load_task(Path(a.package))
     lang = Language(a.language)
     source = Path(a.kernel).read_text() if a.kernel else task.starter(lang).source
@@ -81,7 +117,10 @@ def main() -> None:
 
     events: list[tuple[float, Progress]] = []
     keep: dict = {}
-    evaluator_mod.SandboxEvaluator._judge = judge_in_process(a.top, keep)
+    if a.candidate:
+        evaluator_mod.run_worker = candidate_in_process(a.top, keep)
+    else:
+        evaluator_mod.SandboxEvaluator._judge = judge_in_process(a.top, keep)
     t0 = time.monotonic()
     second = ev.evaluate(source, lang, progress=lambda e: events.append((time.monotonic(), e)))
     wall = time.monotonic() - t0
@@ -92,6 +131,10 @@ def main() -> None:
     print("\nseconds from each progress event to the next (phase, case):")
     for (phase, case), s in sorted(spans.items(), key=lambda kv: -kv[1])[:30]:
         print(f"  {s:7.2f}  {phase:<14} {case or ''}")
+    if a.candidate:
+        print(f"\ncandidate's harness in this process: {keep.get('candidate_wall', 0):.2f} s")
+        print(keep.get("candidate_profile", "(no candidate ran)"))
+        return
     print(f"\njudge in this process: {keep.get('judge_wall', 0):.2f} s for {keep.get('samples')} saved samples")
     print(keep.get("judge_profile", "(no judge ran)"))
 
