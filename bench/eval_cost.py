@@ -17,6 +17,10 @@ each package's starter kernels. Per package and language it measures, while time
   by graph replay where there is one, else the eager time), in % of the smaller;
 - a re-time: the kernel and itself re-timed back to back on lane 0 (pool.retime), as a run does
   with a candidate and its incumbent;
+- of the timing phase, the share the native timer's loops took by its own clock (their records' loop_s:
+  warm-up and timed calls, redraws and flushes included), how many loops ran and how many were loops again
+  after a slow stretch of the host: the rest of the phase is the harness's between loops (loading each
+  case's module, capturing graphs, saving outputs);
 
 then, per package, candidates an hour at each width in --widths: --width-candidates evaluations of
 the first language's starter submitted at once to a pool of that many jobs. Rows print as they
@@ -37,6 +41,7 @@ from typing import Optional
 
 from optagent.app.build import build_evaluator
 from optagent.costs import Costs
+from optagent.evaluation import verdict
 from optagent.evaluation.pool import LocalPool
 from optagent.protocols import PoolJob
 from optagent.schema import Device, EvalResult, Language
@@ -76,6 +81,35 @@ class GpuBusy:
     def close(self) -> None:
         if self.proc:
             self.proc.terminate()
+
+
+class TimerTap:
+    """The native timer's loop records of the candidates' runs, as the parent checks them (verdict.py): what
+    the timer's own clock says of the timing phase. A bench's tap on the parent's reading, no verdict's."""
+
+    def __init__(self) -> None:
+        self.loops: list = []
+        real = verdict.parse_reports
+
+        def tapped(lines, secret):
+            records, foreign = real(lines, secret)
+            self.loops += [r.record for r in records if getattr(r.record, "type", "") == "end"]
+            return records, foreign
+        verdict.parse_reports = tapped
+
+    def mark(self) -> int:
+        return len(self.loops)
+
+    def since(self, mark: int) -> dict:
+        ends = [e for e in self.loops[mark:] if e.kind.value != "baseline"]
+        seen: dict[tuple, int] = {}
+        for e in ends:
+            seen[(e.case, e.kind)] = seen.get((e.case, e.kind), 0) + 1
+        return {"loops_s": sum(e.loop_s for e in ends), "loops": len(ends), "calls": sum(e.calls for e in ends),
+                "again": sum(n - 1 for n in seen.values())}
+
+
+TAP = TimerTap()
 
 
 def spares_taken(pool: LocalPool) -> int:
@@ -138,17 +172,19 @@ class Bench:
             for _ in range(evals):
                 if self.left() <= 0:
                     break
-                taken = spares_taken(pool)
+                taken, mark = spares_taken(pool), TAP.mark()
                 (r,), wall, busy = self.timed(pool, [job])
-                row["evals"].append({"wall_s": wall, "gpu_busy": busy, "status": r.status.value,
+                row["evals"].append({"wall_s": wall, "gpu_busy": busy, "status": r.status.value, "timer": TAP.since(mark),
                                      "in_spare": spares_taken(pool) > taken,
                                      "costs": r.costs.model_dump() if r.costs else None, "medians": case_medians(r),
                                      "reason": r.reason})
                 row.setdefault("results", []).append(r)
             if retime and row.get("results") and row["results"][0].status.ok and self.left() > 0:
-                t0 = time.monotonic()
-                pool.retime([job, PoolJob(1, starter.source, lang)])
+                t0, mark = time.monotonic(), TAP.mark()
+                again = pool.retime([job, PoolJob(1, starter.source, lang)])
                 row["retime2_s"] = time.monotonic() - t0
+                row["retime2"] = {"timer": TAP.since(mark), "costs": [r.costs.model_dump() if r.costs else None
+                                                                       for r in again]}
         finally:
             row["pool"] = {"baseline_runs": pool.baseline_runs, "spares_taken": spares_taken(pool),
                            "baseline_why": pool.baseline_why}
@@ -203,6 +239,17 @@ def print_row(row: dict) -> None:
               + ", ".join(f"{p} {statistics.median(c[p] for c in costs):.2f}" for p in PHASES if costs)
               + f"); started cold: {', '.join(format(e['wall_s'], '.1f') for e in evals if not e.get('in_spare'))} s",
               flush=True)
+    for e in evals:
+        t = e.get("timer") or {}
+        if t.get("loops"):
+            print(f"    timer loops: {t['loops_s']:.2f} s of timing {(e['costs'] or {}).get('timing', 0):.2f} s "
+                  f"({t['loops']} loops, {t['calls']} timed calls, {t['again']} again after a slow host)", flush=True)
+    again = row.get("retime2")
+    if again:
+        phases = [c for c in again["costs"] if c]
+        print(f"    re-time of two: {row['retime2_s']:.1f} s; each " + "; ".join(
+            ", ".join(f"{p} {c[p]:.2f}" for p in PHASES if c[p] >= 0.01) for c in phases)
+            + f"; timer loops {again['timer']['loops_s']:.2f} s", flush=True)
     for e in evals:
         if e["status"] != "PASSED":
             print(f"    {e['status']}: {(e['reason'] or '')[:200]}", flush=True)
