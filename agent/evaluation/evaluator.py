@@ -24,6 +24,7 @@ from optagent.worker.interpreter_faults import source_uses_dot, source_uses_fp8
 from optagent.evaluation import isolation, referee, warm_worker
 from optagent.evaluation.cases import derived_smoke, select_cases
 from optagent.evaluation.cost_clock import CostClock
+from optagent.evaluation.judges import SIDE_BY_SIDE, Judges
 from optagent.evaluation.lanes import Control
 from optagent.evaluation.limits import limits_for, record
 from optagent.evaluation.native_build import native_timer
@@ -32,7 +33,7 @@ from optagent.evaluation.safe_files import open_samples
 from optagent.evaluation.sandbox import WorkerRun, run_worker
 from optagent.evaluation.scratch import keep_scratch, new_scratch, remove_scratch, scratch_fd
 from optagent.evaluation.verdict import assemble, timed_by_timer
-from optagent.evaluation.warm_worker import Spares, WarmWorker
+from optagent.evaluation.warm_worker import Spares
 from optagent.text import plain_tree
 from optagent.messages import Baseline, CaseSpec, Done, Job, Probed, TimingSpec, WorkerError
 from optagent.progress import Phase, PipeRelay, Progress, ProgressSink
@@ -70,6 +71,8 @@ class SandboxEvaluator:
         self.timing = TimingSpec() if self.device is Device.CUDA else TimingSpec(min_iters=3, max_iters=3, budget_s=0.0,
                                                                        input_sets=referee.ONE_SET, warmup=1)
         self.spares: Optional[Spares] = None  # candidate processes started ahead (keep_spares)
+        self.judges = SIDE_BY_SIDE  # judges of one evaluation (judges.py); a pool running several at once says 1
+        self._judged = False  # no judge has run yet: the first runs alone (it measures the GPU's ceilings)
 
     def keep_spares(self, per_device: int) -> None:
         """A run's pool: candidate processes started before their candidates, per lane device (warm_worker.py)."""
@@ -119,7 +122,7 @@ class SandboxEvaluator:
         spare = self.spares.take(lane_device) if self.spares else None
         scratch, nonce = (spare.scratch, spare.nonce) if spare else new_scratch(self.scratch_root)
         clock = CostClock(started=start)
-        early: Optional[WarmWorker] = None
+        early: Optional[Judges] = None
         try:
             src = scratch / f"candidate{language.ext}"
             src.write_text(source, encoding="utf-8")
@@ -131,7 +134,8 @@ class SandboxEvaluator:
             if progress:
                 progress(Progress(phase=Phase.STARTING))
             if judge and warm_worker.available(self.device):  # started now, it is ready when the candidate ends
-                early = WarmWorker(job.model_copy(update={"mode": "judge", "timer": None}), self.timeout_s, control)
+                early = Judges(job.model_copy(update={"mode": "judge", "timer": None}),
+                               self.judges if self._judged else 1, self.timeout_s, control)
             heard = [f for f in (relay, clock, gate.on_message if gate else None) if f]
             on_message = lambda m: [f(m) for f in heard]  # noqa: E731
             run = (spare.run(job, [], on_message, gate or Control()) if spare else None) or \
@@ -151,6 +155,7 @@ class SandboxEvaluator:
                     return self._judge(jjob, relay, control, early)
                 finally:
                     clock.judge_s = time.monotonic() - t0
+                    self._judged = True
             result = assemble(job, run, judged if judge else None, source_sha256=sha, timeout_s=self.timeout_s, started=start)
         finally:
             if early:
@@ -195,16 +200,17 @@ class SandboxEvaluator:
                    compiler=self.compiler, guard=self.guard, target_facts=self.target_facts, **fields)
 
     def _judge(self, job: Job, relay: Optional[PipeRelay], control: Optional[Control] = None,
-               early: Optional[WarmWorker] = None) -> WorkerRun:
-        """early: the judge's process, started beside the candidate's (evaluation/warm_worker.py)."""
+               early: Optional[Judges] = None) -> WorkerRun:
+        """early: the judges' processes, started beside the candidate's (evaluation/judges.py)."""
         if relay:
             relay.judging(job.cases)
+        if early:
+            return early.run(job, relay)
         # The saved outputs opened here, by the parent, under the names the harness gives them: the
         # judge reads descriptors, never a path the candidate's message names (evaluation/safe_files.py).
         job, fds = open_samples(job, scratch_fd(Path(job.scratch)))
         try:
-            ran = early.run(job, fds, on_message=relay) if early else None
-            return ran or run_worker(job, self.timeout_s, on_message=relay, control=control, fds=fds)
+            return run_worker(job, self.timeout_s, on_message=relay, control=control, fds=fds)
         finally:
             for fd in fds:
                 os.close(fd)

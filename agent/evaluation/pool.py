@@ -89,6 +89,8 @@ class LocalPool:
         # two included): their start-up is paid while the planner thinks (evaluation/warm_worker.py)
         spares = settings().spares
         evaluator.keep_spares(max(2, -(-self.jobs // self.lanes)) if spares is None else spares)
+        if self.jobs > self.lanes:  # evaluations side by side on a GPU: their judges are too (judges.py)
+            evaluator.judges = 1
 
     @property
     def planned_isolation(self):
