@@ -22,6 +22,7 @@ from optagent.integrity import python_syntax_error, static_verdict
 from optagent.secret_env import redact
 from optagent.worker.interpreter_faults import source_uses_dot, source_uses_fp8
 from optagent.evaluation import isolation, referee, warm_worker
+from optagent.evaluation.builds import Builds
 from optagent.evaluation.cases import derived_smoke, select_cases
 from optagent.evaluation.cost_clock import CostClock
 from optagent.evaluation.judges import SIDE_BY_SIDE, Judges
@@ -31,7 +32,7 @@ from optagent.evaluation.native_build import native_timer
 from optagent.evaluation.profiler import Profiler
 from optagent.evaluation.safe_files import open_samples
 from optagent.evaluation.sandbox import WorkerRun, run_worker
-from optagent.evaluation.scratch import keep_scratch, new_scratch, remove_scratch, scratch_fd
+from optagent.evaluation.scratch import keep_scratch, new_scratch, remove_scratch, scratch_base, scratch_fd
 from optagent.evaluation.verdict import assemble, timed_by_timer
 from optagent.evaluation.warm_worker import Spares
 from optagent.text import plain_tree
@@ -73,6 +74,7 @@ class SandboxEvaluator:
         self.spares: Optional[Spares] = None  # candidate processes started ahead (keep_spares)
         self.judges = SIDE_BY_SIDE  # judges of one evaluation (judges.py); a pool running several at once says 1
         self._judged = False  # no judge has run yet: the first runs alone (it measures the GPU's ceilings)
+        self.builds = Builds(scratch_base(scratch_root) / "builds")  # passed kernels' own compiled code (builds.py)
 
     def keep_spares(self, per_device: int) -> None:
         """A run's pool: candidate processes started before their candidates, per lane device (warm_worker.py)."""
@@ -126,6 +128,7 @@ class SandboxEvaluator:
         try:
             src = scratch / f"candidate{language.ext}"
             src.write_text(source, encoding="utf-8")
+            self.builds.lend(sha, scratch)  # this source's own compiled kernels, when it passed before
             (scratch / "outputs").mkdir()
             job = self._job("candidate", scratch, nonce, language=language, source_path=str(src),
                             outputs_dir=str(scratch / "outputs"), source_fp8=source_uses_fp8(source),
@@ -157,6 +160,8 @@ class SandboxEvaluator:
                     clock.judge_s = time.monotonic() - t0
                     self._judged = True
             result = assemble(job, run, judged if judge else None, source_sha256=sha, timeout_s=self.timeout_s, started=start)
+            if judge and result.status is Status.PASSED:
+                self.builds.keep(sha, scratch_fd(scratch))
         finally:
             if early:
                 early.abandon()  # unused (no case ran), or already collected

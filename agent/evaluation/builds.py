@@ -1,0 +1,105 @@
+"""A candidate's own compiled kernels (its Triton cache), kept by its source's sha256 for its next evaluation.
+
+Each evaluation compiles in a cache of its own (isolation.worker_env): no kernel leaves a binary for another
+to load. A kernel evaluated again (a re-time beside a new candidate, an evaluation run again alone) would
+compile the same source again: 1-2 s of a re-time's 15 on the H200, paid by both kernels. So once a
+candidate passed, the parent copies what its cache holds into a store outside every candidate's view (the
+scratch base, which bubblewrap hides), under its source's sha256, and hands a copy to the next process that
+evaluates the same source, before any candidate code runs there. What the store holds was written by that
+candidate's own process, so it goes only to the same source: a kernel can plant nothing in it for another.
+The parent copies regular files only (no link is followed, from a directory opened without following one),
+at most MAX_BYTES an entry; the store keeps the MOST newest entries.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import threading
+from pathlib import Path
+from typing import Optional
+
+CACHE = ".triton"  # the candidate's TRITON_CACHE_DIR in its scratch directory (isolation.worker_env)
+MAX_BYTES = 256 << 20
+MOST = 32
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class Builds:
+    def __init__(self, root: Path):
+        self.root = root
+        self._lock = threading.Lock()
+
+    def keep(self, sha: str, scratch_fd: Optional[int]) -> None:
+        """Copy the cache of the scratch directory (its descriptor, opened before any candidate ran) under sha."""
+        if scratch_fd is None or not _is_sha(sha):
+            return
+        tmp = self.root / f".new-{sha}-{threading.get_ident()}"
+        try:
+            src = os.open(CACHE, _DIR, dir_fd=scratch_fd)
+        except OSError:
+            return  # nothing compiled there (or not a directory)
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            _copy_regular(src, tmp, [MAX_BYTES], depth=3)
+            with self._lock:
+                shutil.rmtree(self.root / sha, ignore_errors=True)
+                tmp.rename(self.root / sha)
+                self._trim()
+        except OSError:
+            pass  # a store that cannot be written only costs the next evaluation its compile
+        finally:
+            os.close(src)
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def lend(self, sha: str, scratch: Path) -> bool:
+        """Copy sha's kept cache into a scratch directory no candidate has run in yet; whether one was kept."""
+        entry = self.root / sha
+        if not _is_sha(sha) or not entry.is_dir():
+            return False
+        try:
+            with self._lock:
+                shutil.copytree(entry, scratch / CACHE, symlinks=True, dirs_exist_ok=True, copy_function=_copy_new)
+                os.utime(entry)  # the newest: trimmed last
+            return True
+        except OSError:
+            return False
+
+    def _trim(self) -> None:
+        entries = sorted((p for p in self.root.iterdir() if _is_sha(p.name)), key=lambda p: p.stat().st_mtime)
+        for old in entries[:-MOST]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _copy_new(src: str, dst: str) -> None:
+    """A file the process there has not made itself: a spare's own (Triton's driver module, loaded while it
+    waited) is never written over under it."""
+    if not os.path.lexists(dst):
+        shutil.copy2(src, dst)
+
+
+def _is_sha(name: str) -> bool:
+    return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
+
+
+def _copy_regular(src_fd: int, dst: Path, budget: list[int], depth: int) -> None:
+    """Regular files and directories under src_fd into dst, links and devices left out, up to budget[0] bytes."""
+    for entry in os.scandir(src_fd):
+        mode = entry.stat(follow_symlinks=False).st_mode
+        if stat.S_ISDIR(mode) and depth > 0:
+            sub = os.open(entry.name, _DIR, dir_fd=src_fd)
+            try:
+                (dst / entry.name).mkdir()
+                _copy_regular(sub, dst / entry.name, budget, depth - 1)
+            finally:
+                os.close(sub)
+        elif stat.S_ISREG(mode):
+            fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=src_fd)
+            with os.fdopen(fd, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode) or size > budget[0]:
+                    raise OSError(f"{entry.name}: not kept (not a regular file, or over the store's limit)")
+                budget[0] -= size
+                (dst / entry.name).write_bytes(f.read(size))
