@@ -50,6 +50,7 @@ def patched_timers() -> list[str]:
 
 SLOW_MIN_ITERS = 5
 WARM_S = 0.05
+IDLE_S = 0.1  # WARM_S of warm-up only after the GPU idled this long since the last loop (native/timer.c)
 # a timing taken on a slow host is taken again once the host is back at its usual speed:
 # waiting at most this long each time, and this long in all per process
 HOST_WAIT_S = 1.0
@@ -91,6 +92,7 @@ class Timer:
         self._usual_probe = (host_speed.usual_probe_us(min(host_speed.probe_us() for _ in range(200)))
                              if self.host_conditioned else 0.0)
         self._wait_left = HOST_WAIT_TOTAL_S
+        self._last_end = 0.0  # when the last loop ended
         if device == Device.CUDA:
             l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
             self._flush = torch.empty(max(4 * l2, 256 << 20), dtype=torch.uint8, device="cuda")
@@ -141,9 +143,11 @@ class Timer:
     def _eager(self, fn: Callable, arg_sets: list[list], after: Optional[Callable]) -> dict:
         t0 = perf_counter()
         i = 0
-        # at least `warmup` calls and WARM_S seconds: the host's and the GPU's clocks ramp up
-        # over tens of milliseconds after an idle spell, longer than ten fast calls take
-        while i < self.warmup or (self.device == Device.CUDA and perf_counter() - t0 < WARM_S):
+        # at least `warmup` calls and, after an idle spell, WARM_S seconds: the host's and the GPU's clocks ramp
+        # up over tens of milliseconds then, longer than ten fast calls take
+        idle = self._last_end == 0.0 or t0 - self._last_end > IDLE_S
+        warm_s = WARM_S if self.device == Device.CUDA and idle else 0.0
+        while i < self.warmup or perf_counter() - t0 < warm_s:
             if i >= 2 and perf_counter() - t0 > self.budget_s:
                 break  # a slow kernel is warm after two calls
             fn(*arg_sets[i % len(arg_sets)])
@@ -171,6 +175,7 @@ class Timer:
             if after is not None:
                 after(i, args)
             i += 1
+        self._last_end = perf_counter()
         if not self.host_conditioned:
             return {**stats(samples), "host_slow": False, "slow_host_calls": 0}
         kept, slow = host_speed.at_usual_speed(samples, probes, self._usual_probe)
@@ -205,6 +210,7 @@ class Timer:
             _synchronize()
             samples.append(_elapsed_time(start, end) * 1e3)
             i += 1
+        self._last_end = perf_counter()
         return stats(samples)
 
     def _events(self, fn: Callable, arg_sets: list[list]) -> dict:
