@@ -39,7 +39,8 @@ class CrowdedGpu:
             gate.close()
         return WorkerRun()
 
-    def evaluate_on(self, source, language, progress=None, *, gate=None, control=None, baselines=None, judge=True):
+    def evaluate_on(self, source, language, progress=None, *, gate=None, control=None, baselines=None, judge=True,
+                    judges=None):
         gate.close()
         with self.lock:
             self.now += 1

@@ -47,7 +47,7 @@ class FakeSandbox:
         return NoBaselines()
 
     def evaluate_on(self, source, language, progress, gate=None, control=None, baselines=None,
-                    judge=True) -> EvalResult:
+                    judge=True, judges=None) -> EvalResult:
         self.calls.append(source)
         if source in self.hang:
             while not control.stopped():

@@ -72,7 +72,7 @@ class SandboxEvaluator:
         self.timing = TimingSpec() if self.device is Device.CUDA else TimingSpec(min_iters=3, max_iters=3, budget_s=0.0,
                                                                        input_sets=referee.ONE_SET, warmup=1)
         self.spares: Optional[Spares] = None  # candidate processes started ahead (keep_spares)
-        self.judges = SIDE_BY_SIDE  # judges of one evaluation (judges.py); a pool running several at once says 1
+        self.judges = SIDE_BY_SIDE  # judges of one evaluation at most (judges.py)
         self._judged = False  # no judge has run yet: the first runs alone (it measures the GPU's ceilings)
         self.builds = Builds(scratch_base(scratch_root) / "builds")  # passed kernels' own compiled code (builds.py)
 
@@ -98,12 +98,14 @@ class SandboxEvaluator:
 
     def evaluate_on(self, source: str, language: Language, progress: Optional[ProgressSink] = None, *,
                     gate: Optional[Control] = None, control: Optional[Control] = None,
-                    baselines: Optional[Callable[[], list[Baseline]]] = None, judge: bool = True) -> EvalResult:
+                    baselines: Optional[Callable[[], list[Baseline]]] = None, judge: bool = True,
+                    judges: Optional[int] = None) -> EvalResult:
         """evaluate, as a pool runs it: the candidate process behind `gate` (its lane) and the judge
         under `control` (the lane's device, the pool's stop flag); `baselines` gives its lane's
         baseline timings (evaluation/pool.py), which the candidate process then does not take.
         judge=False (a re-time): the candidate process runs exactly as always (it cannot tell), but no
-        judge checks its outputs; search/accept.py never lets such a timing beat a judged one."""
+        judge checks its outputs; search/accept.py never lets such a timing beat a judged one. judges: how many
+        judges at most (a pool says 1 for an evaluation that starts beside others: judges.py); None: self.judges."""
         start = time.monotonic()
         relay = PipeRelay(progress, self.cases) if progress else None
         sha = hashlib.sha256(source.encode()).hexdigest()
@@ -138,7 +140,7 @@ class SandboxEvaluator:
                 progress(Progress(phase=Phase.STARTING))
             if judge and warm_worker.available(self.device):  # started now, it is ready when the candidate ends
                 early = Judges(job.model_copy(update={"mode": "judge", "timer": None}),
-                               self.judges if self._judged else 1, self.timeout_s, control)
+                               (judges or self.judges) if self._judged else 1, self.timeout_s, control)
             heard = [f for f in (relay, clock, gate.on_message if gate else None) if f]
             on_message = lambda m: [f(m) for f in heard]  # noqa: E731
             run = (spare.run(job, [], on_message, gate or Control()) if spare else None) or \

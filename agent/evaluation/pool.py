@@ -86,11 +86,8 @@ class LocalPool:
         self._crowd = Crowd()
         self.alone_runs = 0  # evaluations run again alone after a verdict company can cause (crowded)
         # as many candidate processes started ahead on each lane as evaluations may run on it at once (a re-time's
-        # two included): their start-up is paid while the planner thinks (evaluation/warm_worker.py)
-        spares = settings().spares
-        evaluator.keep_spares(max(2, -(-self.jobs // self.lanes)) if spares is None else spares)
-        if self.jobs > self.lanes:  # evaluations side by side on a GPU: their judges are too (judges.py)
-            evaluator.judges = 1
+        # two included), their start-up paid while the planner thinks (evaluation/warm_worker.py)
+        evaluator.keep_spares(max(2, -(-self.jobs // self.lanes)) if (spares := settings().spares) is None else spares)
 
     @property
     def planned_isolation(self):
@@ -135,12 +132,14 @@ class LocalPool:
             lane.release(token)
 
     def _one(self, job: PoolJob, fixed, stop: threading.Event, sink: Optional[ProgressSink]) -> EvalResult:
+        alone = False  # the only evaluation on its lane as it starts: its judges may split its cases (judges.py)
         if fixed is not None:
             lane, who, base = fixed
         else:
             with self._lock:
                 index = min(range(self.lanes), key=lambda i: self._busy[i])
                 self._busy[index] += 1
+                alone = self._busy[index] == 1
             lane, who, base = self.lane_list[index], object(), None
         try:
             future = base if base is not None else self._baseline(lane)
@@ -148,7 +147,8 @@ class LocalPool:
             def once() -> EvalResult:
                 return self.evaluator.evaluate_on(
                     job.source, job.language, stamped(sink, step=job.key), gate=Gate(lane, who, stop),
-                    control=Control(lane.device, stop), baselines=lambda: _baselines_of(future), judge=fixed is None)
+                    control=Control(lane.device, stop), baselines=lambda: _baselines_of(future), judge=fixed is None,
+                    judges=None if alone else 1)
             with self._crowd.member():
                 result = once()
                 if fixed is None and self.jobs > 1 and crowded(result) and not stop.is_set():
