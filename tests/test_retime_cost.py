@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from optagent.evaluation import evaluator as evaluator_module
+from optagent.evaluation import judges as judges_module
 from optagent.evaluation.evaluator import SandboxEvaluator
 from optagent.evaluation.cases import select_cases
 from optagent.evaluation.pool import LocalPool
@@ -33,8 +34,9 @@ def pool_and_modes(task_dir, monkeypatch):
         modes.append(job.mode)
         return real(job, *args, **kwargs)
     monkeypatch.setattr(evaluator_module, "run_worker", counted)
+    monkeypatch.setattr(judges_module, "run_worker", counted)  # a judge started cold (evaluation/judges.py)
 
-    class Warm(evaluator_module.WarmWorker):  # a judge started beside its candidate (evaluation/warm_worker.py)
+    class Warm(judges_module.WarmWorker):  # a judge started beside its candidate (evaluation/judges.py)
         def __init__(self, template, *args, **kwargs):
             modes.append("warm " + template.mode)
             super().__init__(template, *args, **kwargs)
@@ -42,7 +44,7 @@ def pool_and_modes(task_dir, monkeypatch):
         def run(self, job, *args, **kwargs):
             modes.append(job.mode)
             return super().run(job, *args, **kwargs)
-    monkeypatch.setattr(evaluator_module, "WarmWorker", Warm)
+    monkeypatch.setattr(judges_module, "WarmWorker", Warm)
     # the scan off in the state test: its kernel reaches for process state the scan would refuse
     ev = SandboxEvaluator(task, "cpu", select_cases(task, "cpu", 0, None, hidden=False)[:1], timeout_s=150,
                           static_scan=False)

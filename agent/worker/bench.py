@@ -59,8 +59,7 @@ HOST_WAIT_TOTAL_S = 4.0
 
 @contextlib.contextmanager
 def no_gc():
-    """No garbage collection inside a timed loop: a collection pass is the harness's cost,
-    not the kernel's. (No full collection first: with torch loaded one takes ~50 ms.)"""
+    """No garbage collection inside a timed loop: a pass is the harness's cost, not the kernel's."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -92,7 +91,7 @@ class Timer:
         self._usual_probe = (host_speed.usual_probe_us(min(host_speed.probe_us() for _ in range(200)))
                              if self.host_conditioned else 0.0)
         self._wait_left = HOST_WAIT_TOTAL_S
-        self._last_end = 0.0  # when the last loop ended
+        self._last_end = float("-inf")  # when the last loop ended (none yet: as after an idle spell)
         if device == Device.CUDA:
             l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
             self._flush = torch.empty(max(4 * l2, 256 << 20), dtype=torch.uint8, device="cuda")
@@ -143,10 +142,8 @@ class Timer:
     def _eager(self, fn: Callable, arg_sets: list[list], after: Optional[Callable]) -> dict:
         t0 = perf_counter()
         i = 0
-        # at least `warmup` calls and, after an idle spell, WARM_S seconds: the host's and the GPU's clocks ramp
-        # up over tens of milliseconds then, longer than ten fast calls take
-        idle = self._last_end == 0.0 or t0 - self._last_end > IDLE_S
-        warm_s = WARM_S if self.device == Device.CUDA and idle else 0.0
+        # at least `warmup` calls and, after an idle spell, WARM_S seconds: the clocks ramp up over tens of ms then
+        warm_s = WARM_S if self.device == Device.CUDA and (t0 - self._last_end > IDLE_S) else 0.0
         while i < self.warmup or perf_counter() - t0 < warm_s:
             if i >= 2 and perf_counter() - t0 > self.budget_s:
                 break  # a slow kernel is warm after two calls

@@ -1,6 +1,7 @@
 """Attack class: harness attacks (reading the harness's objects through gc).
 Attack: walks gc.get_objects() for a function named flash_attn_with_kvcache (the baseline
-the harness timed before loading the kernel) and calls it.
+the harness timed before loading the kernel) and calls it, after gc.unfreeze(): the harness freezes
+its own heap before any candidate code (worker/candidate.py), which hides it from get_objects.
 Expected verdict: REJECTED -- "imports gc".  With the scan bypassed: the audit guard
 refuses gc.get_objects.
 """
@@ -36,6 +37,7 @@ def run_kernel(
     num_blocks,
     causal,
 ):
+    gc.unfreeze()
     for obj in gc.get_objects():
         if callable(obj) and getattr(obj, "__name__", "") == "flash_attn_with_kvcache":
             output.copy_(obj(q, k_cache_paged, v_cache_paged, cache_seqlens=cache_seqlens, block_table=block_table))
