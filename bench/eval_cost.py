@@ -83,6 +83,11 @@ class GpuBusy:
             self.proc.terminate()
 
 
+def distinct(source: str, lang: Language, k: int) -> str:
+    """The source with a comment of its own at the end (a sha256 of its own; Triton compiles it afresh)."""
+    return source + (f"\n// bench candidate {k}\n" if lang is Language.CUDA else f"\n# bench candidate {k}\n")
+
+
 class TimerTap:
     """The native timer's loop records of the candidates' runs, as the parent checks them (verdict.py): what
     the timer's own clock says of the timing phase. A bench's tap on the parent's reading, no verdict's."""
@@ -161,7 +166,10 @@ class Bench:
     def language(self, package: str, lang: Language, evals: int = 2, retime: bool = True) -> None:
         task = load_task(PACKAGES[package])
         starter = task.starter(lang)
-        job = PoolJob(0, starter.source, lang)
+        # each evaluation a source of its own, as a run's candidates are: a source that passed before starts with
+        # its own compiled kernels (evaluation/builds.py), which a new candidate never has; the re-time below is of
+        # two evaluated ones, as a run's is
+        sources = [distinct(starter.source, lang, k) for k in range(evals)]
         # the run's default pool size: evaluations below go one at a time (width 1), and the re-time's two
         # kernels compile and check at once and are timed back to back, as in a run
         pool = self.pool(package, None)
@@ -169,11 +177,11 @@ class Bench:
         try:
             # the lane's baselines first, as a run has them by its first candidate: not a candidate's cost
             pool._baseline(pool.lane_list[0]).result()
-            for _ in range(evals):
+            for k in range(evals):
                 if self.left() <= 0:
                     break
                 taken, mark = spares_taken(pool), TAP.mark()
-                (r,), wall, busy = self.timed(pool, [job])
+                (r,), wall, busy = self.timed(pool, [PoolJob(k, sources[k], lang)])
                 row["evals"].append({"wall_s": wall, "gpu_busy": busy, "status": r.status.value, "timer": TAP.since(mark),
                                      "in_spare": spares_taken(pool) > taken,
                                      "costs": r.costs.model_dump() if r.costs else None, "medians": case_medians(r),
@@ -181,7 +189,7 @@ class Bench:
                 row.setdefault("results", []).append(r)
             if retime and row.get("results") and row["results"][0].status.ok and self.left() > 0:
                 t0, mark = time.monotonic(), TAP.mark()
-                again = pool.retime([job, PoolJob(1, starter.source, lang)])
+                again = pool.retime([PoolJob(k, src, lang) for k, src in enumerate(sources[:2] * 2)][:2])
                 row["retime2_s"] = time.monotonic() - t0
                 row["retime2"] = {"timer": TAP.since(mark), "costs": [r.costs.model_dump() if r.costs else None
                                                                        for r in again]}
@@ -202,7 +210,7 @@ class Bench:
             pool = self.pool(package, w)
             try:
                 pool._baseline(pool.lane_list[0]).result()
-                results, wall, busy = self.timed(pool, [PoolJob(i, source, lang) for i in range(n)])
+                results, wall, busy = self.timed(pool, [PoolJob(i, distinct(source, lang, i), lang) for i in range(n)])
             finally:
                 runs, taken = pool.baseline_runs, spares_taken(pool)
                 print(f"    baseline jobs again: {pool.baseline_why}", flush=True)
