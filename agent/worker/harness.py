@@ -15,6 +15,7 @@ import io
 import math
 import random
 import sys
+import time
 from contextlib import redirect_stdout
 from pathlib import Path
 from types import ModuleType
@@ -30,6 +31,10 @@ from optagent.worker.args import clone_args, copy_args, poison, run_baseline, sa
 from optagent.worker.hooks import Hooks
 
 COMPAT_DIR = Path(__file__).resolve().parent / "compat"
+# A case whose generation took this long (a generator drawing on the host) is kept in host memory, up to HOST_KEEP
+# bytes in all, so the timing phase, which goes over every case again after the checks, copies it back instead of
+# drawing it again (7 host-drawn cases took 9 of a silu_mul_fp8 candidate's 10 s of timing on the H200).
+SLOW_GENERATION_S, HOST_KEEP = 0.05, 2 << 30
 
 
 def flash_attn_available() -> bool:
@@ -71,6 +76,7 @@ class TaskRuntime:
                 "(did an import inside the module fail?)")
         self.hooks: Optional[Hooks] = None
         self._generated: Optional[tuple] = None  # (case key, args, sizes) of the last case generated
+        self._kept: dict[tuple, tuple[list, Any]] = {}  # case key -> (host copies of its args, sizes): slow ones
         self._roles: Optional[ArgRoles] = None  # once learnt
         if self.manifest and self.task.hooks_path:
             self.hooks = Hooks.load(self.task.hooks_path, self.manifest)
@@ -110,7 +116,7 @@ class TaskRuntime:
             key = (case.label, case.index, case.max_elements)
             if self._generated is None or self._generated[0] != key:
                 self._generated = None  # the last case's tensors go first: a decode case holds GiBs
-                self._generated = (key, *self._generate_case(case))
+                self._generated = (key, *self._generate_or_keep(key, case))
             args, sizes = copy_args(self._generated[1]), self._generated[2]
             if seed is not None:
                 refresh_floats(args, seed, float_bases(args, set(self.written(args))))
@@ -118,6 +124,23 @@ class TaskRuntime:
         assert self.hooks is not None and case.params is not None
         base = 0 if seed is None else seed
         return self.hooks.make_case(dict(case.params), self.device, base), None
+
+    def _generate_or_keep(self, key: tuple, case: CaseSpec) -> tuple[list, Any]:
+        """The case's arguments: copied back from host memory when its generation was slow before, else
+        generated (and kept on the host when that was slow and there is room): the same values either way."""
+        if key in self._kept:
+            host, sizes = self._kept[key]
+            return [a.to(self.device, copy=True) if isinstance(a, torch.Tensor) else a for a in host], sizes
+        t0 = time.perf_counter()
+        args, sizes = self._generate_case(case)
+        if time.perf_counter() - t0 > SLOW_GENERATION_S:
+            size = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+            held = sum(a.numel() * a.element_size() for h, _ in self._kept.values() for a in h
+                       if isinstance(a, torch.Tensor))
+            if held + size <= HOST_KEEP:
+                self._kept[key] = ([a.detach().to("cpu", copy=True) if isinstance(a, torch.Tensor) else a
+                                    for a in args], sizes)
+        return args, sizes
 
     def _generate_case(self, case: CaseSpec) -> tuple[list, Any]:
         """genTestCase once per case, handed out as copies by make_args. Contest generators draw on
