@@ -198,7 +198,7 @@ class Bench:
                            "baseline_why": pool.baseline_why}
             pool.close()
         results = row.pop("results", [])
-        row["repeat_pct"] = spread_pct(*results) if len(results) == 2 else None
+        row["repeat_pct"] = spread_pct(*results[-2:]) if len(results) >= 2 else None  # the last two: both in spares
         self.rows.append(row)
         print_row(row)
 
@@ -282,7 +282,7 @@ def main() -> None:
     langs = [Language(x) for x in a.langs.split(",") if x]
     print(HEADER + "\n(wall s, phases: medians of the evaluations at width 1, the first started cold; gpu%: nvidia-smi busy share of the "
           "evaluation; cand/h: 3600 / wall; retime2: two kernels re-timed back to back, s; rep%: max per-case "
-          "median difference of the two)", flush=True)
+          "median difference of the last two)", flush=True)
     try:
         combos = [tuple(c.split(":")) for c in a.combos.split(",") if c] or \
             [(pk, lang.value) for pk in a.packages.split(",") if pk for lang in langs]
