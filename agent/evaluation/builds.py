@@ -4,9 +4,10 @@ Each evaluation compiles in a cache of its own (isolation.worker_env): no kernel
 to load. A kernel evaluated again (a re-time beside a new candidate, an evaluation run again alone) would
 compile the same source again: 1-2 s of a re-time's 15 on the H200, paid by both kernels. So once a
 candidate passed, the parent copies what its cache holds into a store no candidate writes (under the scratch
-base, which bubblewrap hides; Landlock lets a candidate read it), under its source's sha256, and hands a copy to the next process that
-evaluates the same source, before any candidate code runs there. What the store holds was written by that
-candidate's own process, so it goes only to the same source: a kernel can plant nothing in it for another.
+base, which bubblewrap hides; Landlock lets a candidate read it), under its source's sha256, and hands a copy
+to the next process that evaluates the same source, before any candidate code runs there. What the store
+holds was written by that candidate's own process, so it goes only to the same source: a kernel can plant
+nothing in it for another.
 The parent copies regular files only (no link is followed, from a directory opened without following one),
 at most MAX_BYTES an entry; the store keeps the MOST newest entries.
 """
