@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import secrets
 import sys
 import time
@@ -30,7 +29,6 @@ from optagent.evaluation.lanes import Control
 from optagent.evaluation.limits import limits_for, record
 from optagent.evaluation.native_build import native_timer
 from optagent.evaluation.profiler import Profiler
-from optagent.evaluation.safe_files import open_samples
 from optagent.evaluation.sandbox import WorkerRun, run_worker
 from optagent.evaluation.scratch import keep_scratch, new_scratch, remove_scratch, scratch_base, scratch_fd
 from optagent.evaluation.verdict import assemble, timed_by_timer
@@ -72,7 +70,6 @@ class SandboxEvaluator:
         self.timing = TimingSpec() if self.device is Device.CUDA else TimingSpec(min_iters=3, max_iters=3, budget_s=0.0,
                                                                        input_sets=referee.ONE_SET, warmup=1)
         self.spares: Optional[Spares] = None  # candidate processes started ahead (keep_spares)
-        self.judges = SIDE_BY_SIDE  # judges of one evaluation at most (judges.py)
         self._judged = False  # no judge has run yet: the first runs alone (it measures the GPU's ceilings)
         self.builds = Builds(scratch_base(scratch_root) / "builds")  # passed kernels' own compiled code (builds.py)
 
@@ -105,7 +102,7 @@ class SandboxEvaluator:
         baseline timings (evaluation/pool.py), which the candidate process then does not take.
         judge=False (a re-time): the candidate process runs exactly as always (it cannot tell), but no
         judge checks its outputs; search/accept.py never lets such a timing beat a judged one. judges: how many
-        judges at most (a pool says 1 for an evaluation that starts beside others: judges.py); None: self.judges."""
+        judges at most (a pool says 1 for an evaluation that starts beside others: judges.py); None: SIDE_BY_SIDE."""
         start = time.monotonic()
         relay = PipeRelay(progress, self.cases) if progress else None
         sha = hashlib.sha256(source.encode()).hexdigest()
@@ -140,7 +137,7 @@ class SandboxEvaluator:
                 progress(Progress(phase=Phase.STARTING))
             if judge and warm_worker.available(self.device):  # started now, it is ready when the candidate ends
                 early = Judges(job.model_copy(update={"mode": "judge", "timer": None}),
-                               (judges or self.judges) if self._judged else 1, self.timeout_s, control)
+                               (judges or SIDE_BY_SIDE) if self._judged else 1, self.timeout_s, control)
             heard = [f for f in (relay, clock, gate.on_message if gate else None) if f]
             on_message = lambda m: [f(m) for f in heard]  # noqa: E731
             run = (spare.run(job, [], on_message, gate or Control()) if spare else None) or \
@@ -211,16 +208,8 @@ class SandboxEvaluator:
         """early: the judges' processes, started beside the candidate's (evaluation/judges.py)."""
         if relay:
             relay.judging(job.cases)
-        if early:
-            return early.run(job, relay)
-        # The saved outputs opened here, by the parent, under the names the harness gives them: the
-        # judge reads descriptors, never a path the candidate's message names (evaluation/safe_files.py).
-        job, fds = open_samples(job, scratch_fd(Path(job.scratch)))
-        try:
-            return run_worker(job, self.timeout_s, on_message=relay, control=control, fds=fds)
-        finally:
-            for fd in fds:
-                os.close(fd)
+        # none started beside the candidate (a CPU, Landlock): one started now, the same way (no warm process)
+        return (early or Judges(job, 0, self.timeout_s, control)).run(job, relay)
 
 
 def probe_task(task: TaskPackage, timeout_s: float = 600.0, cached: bool = False) -> Probed:

@@ -70,8 +70,10 @@ class Judges:
             raise
 
     def run(self, job: Job, on_message: Optional[Callable[[Message], None]]) -> WorkerRun:
-        """Judge `job`, its cases split between the judges still alive; a judge that died while it waited is
-        replaced by one started now (run_worker), as a cold judge always was."""
+        """Judge `job`, its cases split between the judges still alive; with none (none was started, or each
+        died while it waited) one judge started now (run_worker) takes them all. The saved outputs are opened
+        by the parent, under the names the harness gives them: a judge reads descriptors, never a path the
+        candidate's message names (safe_files.py)."""
         alive = [w for w in self.workers if w.spawned.proc.poll() is None]
         groups = split_cases(job, max(1, len(alive)))
         lock = threading.Lock()
@@ -112,4 +114,3 @@ class Judges:
         """The ones not used (or all, when the evaluation ended otherwise) taken down."""
         for w in self.workers:
             w.abandon()
-

@@ -134,10 +134,8 @@ class TaskRuntime:
         t0 = time.perf_counter()
         args, sizes = self._generate_case(case)
         if time.perf_counter() - t0 > SLOW_GENERATION_S:
-            size = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
-            held = sum(a.numel() * a.element_size() for h, _ in self._kept.values() for a in h
-                       if isinstance(a, torch.Tensor))
-            if held + size <= HOST_KEEP:
+            held = sum(_tensor_bytes(h) for h, _ in self._kept.values())
+            if held + _tensor_bytes(args) <= HOST_KEEP:
                 self._kept[key] = ([a.detach().to("cpu", copy=True) if isinstance(a, torch.Tensor) else a
                                     for a in args], sizes)
         return args, sizes
@@ -190,6 +188,10 @@ class TaskRuntime:
         if told is not None:
             return told
         return describe_args(args, self.task.arg_names)
+
+
+def _tensor_bytes(args: list) -> int:
+    return sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
 
 
 def describe_args(args: list, names: list[str], most: int = 6) -> str:
