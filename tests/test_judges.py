@@ -4,8 +4,6 @@ here, on the CPU, they are asked for), that every case gets its verdict from one
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from optagent.evaluation import isolation, judges, warm_worker
@@ -127,46 +125,19 @@ def test_a_judge_that_died_while_it_waited_is_replaced(task_dir, monkeypatch):
     assert all(c.status is Status.PASSED and c.rel_err is not None for c in result.cases)
 
 
-class Recorder:
-    """A pool's evaluator that records how many judges each evaluation was allowed (evaluate_on's judges)."""
-
-    device = "cuda"
-    spares = None
-
-    def __init__(self, hold_s: float):
-        self.hold_s, self.asked = hold_s, []
-
-    def keep_spares(self, per_device: int) -> None: ...
-
-    def drop_spares(self) -> None: ...
-
-    def time_baselines(self, gate=None) -> WorkerRun:
-        if gate is not None:
-            gate.close()
-        return WorkerRun()
-
-    def evaluate_on(self, source, language, progress=None, *, gate=None, control=None, baselines=None, judge=True,
-                    judges=None):
-        from optagent.schema import EvalResult
-
-        gate.close()
-        self.asked.append((source, judges))
-        time.sleep(self.hold_s)
-        return EvalResult(status=Status.PASSED, language=language, device="cuda", source_sha256=source, wall_s=0.1)
-
 
 def test_a_pool_splits_the_judging_only_of_an_evaluation_alone_on_its_lane():
+    from test_pool_memory import CrowdedGpu  # noqa: E402  (tests/ is on sys.path under pytest)
     from optagent.evaluation.pool import LocalPool
     from optagent.protocols import PoolJob
 
-    ev = Recorder(hold_s=0.5)
-    pool = LocalPool(ev, jobs=2, devices=[None])
+    gpu = CrowdedGpu()  # each evaluation takes 0.3 s
+    pool = LocalPool(gpu, jobs=2, devices=[None])
     try:
         list(pool.evaluate([PoolJob(0, "alone", Language.TRITON)]))
         list(pool.evaluate([PoolJob(1, "first", Language.TRITON), PoolJob(2, "beside", Language.TRITON)]))
     finally:
         pool.close()
-    asked = dict(ev.asked)
-    assert asked["alone"] is None  # the evaluator's own number (two, after its first judge)
+    assert gpu.judges["alone"] is None  # the evaluator's own number (two, after its first judge)
     # the one that started second started beside the other: one judge; the other was alone as it started
-    assert sorted([asked["first"], asked["beside"]], key=str) == [1, None]
+    assert sorted([gpu.judges["first"], gpu.judges["beside"]], key=str) == [1, None]

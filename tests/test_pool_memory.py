@@ -33,6 +33,7 @@ class CrowdedGpu:
         self.lock = threading.Lock()
         self.now = 0
         self.calls: list[tuple[str, int]] = []  # (source, how many ran at once at its end)
+        self.judges: dict[str, object] = {}  # source -> the judges the pool allowed it (evaluation/judges.py)
 
     def time_baselines(self, gate=None) -> WorkerRun:
         if gate is not None:
@@ -45,6 +46,7 @@ class CrowdedGpu:
         with self.lock:
             self.now += 1
             at_start = self.now
+            self.judges[source] = judges
         time.sleep(0.3)
         with self.lock:
             crowd = max(at_start, self.now)  # those it started after, or those that started after it
