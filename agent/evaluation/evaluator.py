@@ -1,8 +1,9 @@
 """The sandboxed evaluator: one candidate in, one validated EvalResult out.
 
-Two worker processes per evaluation: the candidate process (untrusted) and,
-after it has exited, the judge (trusted). Everything the candidate process
-says is a claim that the judge checks against its own references.
+Worker processes per evaluation: the candidate process (untrusted) and, once it
+has exited, the judge (trusted; two splitting the cases where judges.py says so).
+Everything the candidate process says is a claim that the judge checks against
+its own references.
 """
 
 from __future__ import annotations
