@@ -14,7 +14,6 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
-# The enums live in their own module; every record module imports them from here.
 from optagent.enums import (SEVERITY, CaseKind, ClusterEngine, Device, FloorKind, Language, PlannerKind,  # noqa: F401
                             RunStatus, Status, StepOutcome, TimerKind, Word)
 from optagent.kernel_facts import GpuFacts, KernelFacts  # noqa: F401 (parts of EvalResult and CaseResult)
@@ -67,9 +66,10 @@ class CaseResult(Record):
     rel_err: Optional[float] = None  # ||out - ref|| / ||ref|| against the reference
     max_abs_err: Optional[float] = None
     tolerance: Optional[float] = None  # rel_err bound the case was held to
-    time_us: Optional[float] = None  # eager run_kernel time, median
+    time_us: Optional[float] = None  # eager run_kernel time, median; never far below referee_us (evaluation/referee.py)
     gpu_us: Optional[float] = None  # CUDA-graph replay time, median
     baseline_us: Optional[float] = None
+    referee_us: Optional[float] = None
     time: Optional[Timing] = None
     baseline: Optional[Timing] = None
     floor_us: Optional[float] = None  # bytes moved / measured bandwidth

@@ -1,4 +1,4 @@
-"""The referee (evaluation/referee.py): the trusted side of every timed call on a CPU.
+"""The referee (evaluation/referee.py): the trusted side of every timed call.
 
 Its protocol is driven here by hand, as a harness (or a candidate lying to it) would; then real
 evaluations show what it holds: an honest kernel passes with its time never below the referee's,
@@ -145,7 +145,8 @@ def test_an_honest_kernel_passes_and_its_time_is_never_below_the_referees(task, 
     assert lp.windows_us and lp.kept and base.windows_us and not base.kept
     case = result.cases[0]
     seen = ref.seen_us(lp, ref.over_us(r, "smoke-1", case.baseline_us))
-    assert seen is not None and case.time_us >= seen
+    assert seen is not None and case.referee_us == pytest.approx(seen)
+    assert case.time_us >= ref.floor_us(seen) > 0.9 * seen - 10.0
 
 
 def test_a_forged_timer_claim_is_rejected_by_the_referees_clock(task, monkeypatch):
@@ -161,13 +162,24 @@ def test_answers_made_when_saved_are_held_to_the_digests_told_when_the_calls_ret
     assert "not what the call left when it returned" in (result.reason or ""), result.reason
 
 
-def test_no_referee_on_a_gpu_until_one_is_measured_there():
+def test_a_referee_times_candidates_and_baselines_on_a_cpu_never_a_judge():
+    """Not on a GPU: there the harness's own share of a window strays more than the kernels last (sandbox.py)."""
     from optagent.evaluation.sandbox import refereed
 
     job = dict(task_dir="x", nonce="n", scratch="/tmp/x")
     assert refereed(Job(mode="candidate", device=Device.CPU, **job))
-    assert not refereed(Job(mode="candidate", device=Device.CUDA, **job))
+    assert refereed(Job(mode="baseline", device=Device.CPU, **job))
     assert not refereed(Job(mode="judge", device=Device.CPU, **job))
+    assert not refereed(Job(mode="candidate", device=Device.CUDA, **job))
+
+
+def test_a_claim_a_little_under_the_referee_stands_and_a_lower_one_is_recorded_at_its_floor():
+    lp = ref.RefereeLoop("smoke-1", False, 1, windows_us=[40_000.0, 41_000.0, 400_000.0], closed=True)
+    over = 1_000.0  # the harness's own share of a window
+    assert ref.seen_us(lp, over) == pytest.approx(40_000.0)
+    assert ref.floor_us(40_000.0) == pytest.approx(40_000.0 * 0.97 - 2.0)
+    assert ref.forged_claim("smoke-1", lp, 0.5 * 40_000.0, over) is None  # half: floored (verdict.py), not rejected
+    assert ref.forged_claim("smoke-1", lp, 0.1 * 40_000.0, over)  # a tenth: forged
 
 
 def test_a_lanes_baseline_job_carries_the_harness_share_and_a_pooled_forgery_is_rejected(task, monkeypatch):
@@ -182,3 +194,17 @@ def test_a_lanes_baseline_job_carries_the_harness_share_and_a_pooled_forgery_is_
     assert baselines and all(b.over_us is not None and b.over_us >= 0 for b in baselines)
     result = ev.evaluate_on(attack("forge_timer_claim")[0], Language.TRITON, baselines=lambda: baselines)
     assert result.status is Status.REJECTED and "the referee's own clock saw" in (result.reason or ""), result.reason
+
+
+def test_a_halved_claim_is_recorded_at_the_referees_floor_not_at_half(task, monkeypatch):
+    """forge_timer_claim with a modest forgery: a half, which looks like a faster kernel (the hidden suite's
+    timer attack reported 0.63x); not proven forged, it is recorded at the referee's floor."""
+    monkeypatch.setattr(evaluator_module, "native_timer", lambda: None)  # the claim is the process's own word
+    source = attack("forge_timer_claim")[0]
+    halved = source.replace("out[key] = out[key] / 100", "out[key] = out[key] / 2")
+    assert halved != source
+    result, r = evaluate(task, halved, static_scan=False, guard=False)
+    assert result.status is Status.PASSED, result.reason
+    case = result.cases[0]
+    assert case.referee_us and case.time.median_us < case.referee_us  # the claim: half of a call
+    assert case.time_us == pytest.approx(max(case.time.median_us, ref.floor_us(case.referee_us)))

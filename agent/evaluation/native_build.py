@@ -10,6 +10,7 @@ evaluation falls back to the Python timer, and the verdict says so (EvalResult.t
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import shlex
@@ -18,7 +19,7 @@ import sys
 import sysconfig
 import threading
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from optagent.cache import cache_root
 from optagent.messages import NativeTimerSpec
@@ -81,3 +82,36 @@ def native_timer(root: Optional[Path] = None) -> Optional[NativeTimerSpec]:
             return build(root)  # first use in this process, or the file changed: build it again
         except (NativeBuildError, OSError):
             return None
+
+
+_clock: dict[str, Callable[[int, int, int, int], int]] = {}
+
+
+def referee_clock(root: Optional[Path] = None) -> Optional[Callable[[int, int, int, int], int]]:
+    """timer.c's optagent_referee_clock, loaded into this (the trusted) process from a private copy of the
+    checked build (as the worker loads it: a file a candidate could write is read once and hashed), or None
+    where the native timer cannot be built (the referee then keeps its clock in its Python thread)."""
+    spec = native_timer(root)
+    if spec is None:
+        return None
+    with _lock:
+        if spec.sha256 not in _clock:
+            data = Path(spec.path).read_bytes()
+            if hashlib.sha256(data).hexdigest() != spec.sha256:
+                return None
+            try:
+                fd = os.memfd_create("optagent_referee_clock")
+            except OSError:
+                return None
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                fn = ctypes.CDLL(f"/proc/self/fd/{fd}").optagent_referee_clock  # dlopen maps it: the fd may go
+            except (OSError, AttributeError):
+                return None
+            finally:
+                os.close(fd)
+            fn.argtypes, fn.restype = [ctypes.c_int] * 4, ctypes.c_int
+            _clock[spec.sha256] = fn
+        return _clock[spec.sha256]

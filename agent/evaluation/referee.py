@@ -1,39 +1,33 @@
 """The referee: the trusted side of every timed call the candidate process makes (parent side).
 
-The candidate's process builds its inputs, runs the kernel and writes the timer's records, so
-nothing it says about time or about which outputs the judge checks can be trusted: code in
-that process can read the timer's secret, rewrite the records, or choose what is saved. The
-referee holds what matters outside it. Between two timed calls the harness stops and asks the
-referee (worker/referee_client.py), on a pipe pair whose other ends only the referee holds:
+The candidate's process builds its inputs, runs the kernel and writes the timer's records: code there
+can read the timer's secret, rewrite the records, or choose what is saved. The referee holds what
+matters outside it. Between two timed calls the harness asks it (worker/referee_client.py), on a pipe
+pair whose other ends only the referee holds:
 
-* after a timed call it says ``R <call> <set> <digest>``: the sha256 of that call's outputs, as
-  they are when the call returned;
-* the referee answers ``S <seed> <keep> <drop>``: the seed the harness redraws the set's inputs
-  with (drawn here, so no inputs are known before the referee reveals them), and whether the
-  judge checks this call (decided after its digest is committed, so a kernel cannot skip the
-  calls that go unchecked) and which earlier kept call is let go;
-* a warm-up call says ``W <set>`` and gets ``S <seed> 0 -1``; a loop is opened with
-  ``B <label> <kind> <n_sets> <n_keep>`` and closed with ``E``, each answered ``G``.
+* after a timed call, ``R <call> <set> <digest>``: the digest of its outputs as the call left them
+  (worker/digests.py); answered ``S <seed> <keep> <drop>``: the seed the set's inputs are redrawn with
+  (drawn here: no inputs exist before the referee reveals them), whether the judge checks this call
+  (decided after its digest is committed) and which earlier kept call is let go;
+* a warm-up call says ``W <set>`` (``S <seed> 0 -1``); ``B <label> <kind> <n_sets> <n_keep>`` opens a
+  loop and ``E`` closes it, each answered ``G``.
 
-Its clock times every call from its answer to the previous question to the next question: the
-call, the harness's own work between calls, and anything the candidate's process did meanwhile
-(a thread, work moved out of the timed call) are all in it. A refereed loop has one input set
-(ONE_SET), redrawn after every call with the seed just answered, so a call's inputs exist only
-from the start of its own window and its digest is told at its end: the whole of each call's
-work lies in its own window, none of it can be done ahead in another (with two sets, or in the
-warm-up calls' windows, it could), and a median of the windows is a floor no moving of work can
-lower, which a stalled window or two of a loaded host does not raise. The parent holds the
-timer's records against it (evaluation/verdict.py), and the judge checks exactly the calls kept
-here, rebuilt from the seeds drawn here, against the digests committed here (worker/judge.py).
+Its clock times each window, from its answer to the next question: the call, the harness's work
+between calls and anything the process did meanwhile (a thread, work moved out of the call). A loop
+has one input set (ONE_SET), redrawn after every call, so each call's work lies in its own window
+(with two sets, or in the warm-up calls', it could be done ahead), and the median window is a floor
+no moving of work lowers, which a stalled window or two does not raise. The parent holds the timer's
+records against it (evaluation/verdict.py); the judge checks exactly the calls kept here, rebuilt
+from the seeds drawn here, against the digests committed here (worker/judge.py).
 
-A thread of the parent, not a process of its own: a referee process would cost a start per
-evaluation, and on a CPU a call under Triton's interpreter takes milliseconds, so the few
-hundred microseconds a busy parent may take to answer are noise there. (A GPU's microsecond
-calls want a native referee; see README.)
+A thread of the parent (a process would cost a start per evaluation), timed by a native clock between
+the worker's pipes and it (started): its own waits for Python's lock stay out of the windows. Not on a
+GPU yet: evaluation/sandbox.py's refereed() says why.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -43,6 +37,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Optional
 
+from optagent.evaluation.native_build import referee_clock
 from optagent.messages import ExpectedSample, Job
 from optagent.settings import REFEREE_FD_ENV
 from optagent.timer_records import set_seed, timed_name
@@ -62,8 +57,7 @@ QUESTION = {
 
 @dataclass
 class KeptCall:
-    """A timed call the judge checks: its set, the seed that set's inputs were redrawn with (None:
-    the set's base inputs) and the digest of its outputs, committed before it was chosen."""
+    """A timed call the judge checks: its set, its inputs' seed (None: the base inputs), its outputs' digest."""
 
     call: int
     set: int
@@ -98,6 +92,7 @@ class Referee:
         self._rng = random.SystemRandom()
         self._seeds: dict[tuple[str, bool], list[Optional[int]]] = {}  # the inputs each set holds now
         self._thread: Optional[threading.Thread] = None
+        self._relay: Optional[threading.Thread] = None  # the native clock (started): questions come stamped
 
     @property
     def child_fds(self) -> tuple[int, int]:
@@ -108,24 +103,30 @@ class Referee:
         return {REFEREE_FD_ENV: f"{self._a_r},{self._q_w}"}
 
     def started(self) -> None:
-        """The worker holds its ends now: ours of theirs are closed, and the thread starts answering."""
+        """The worker holds its ends now: ours of theirs are closed, and the thread starts answering; with the
+        native clock (timer.c's, native_build.referee_clock) between the worker's pipes and the thread."""
         os.close(self._a_r)
         os.close(self._q_w)
+        clock = referee_clock()
+        if clock is not None:  # questions with their windows clock -> thread; answers thread -> clock
+            (stamped_r, stamped_w), (answer_r, answer_w) = os.pipe(), os.pipe()
+            self._relay = threading.Thread(target=clock, args=(self._q_r, self._a_w, stamped_w, answer_r),
+                                           name="referee-clock", daemon=True)  # it closes those four when done
+            self._q_r, self._a_w = stamped_r, answer_w
+            self._relay.start()
         self._thread = threading.Thread(target=self._serve, name="referee", daemon=True)
         self._thread.start()
 
     def abandon(self) -> None:
         for fd in (self._q_r, self._q_w, self._a_r, self._a_w):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
 
     def finish(self, wait_s: float = 5.0) -> "Referee":
-        """After the worker ended: the thread sees the questions' end and stops. The answers' descriptor is
-        the thread's to close (_serve): closed here too, its number could by then be another thread's file."""
-        if self._thread is not None:
-            self._thread.join(wait_s)
+        """After the worker ended: the threads see the questions' end and stop (each closes its own ends)."""
+        for thread in (self._relay, self._thread):
+            if thread is not None:
+                thread.join(wait_s)
         return self
 
     def loop(self, label: str, baseline: bool) -> Optional[RefereeLoop]:
@@ -147,12 +148,16 @@ class Referee:
                 while b"\n" in pending:
                     line, pending = pending.split(b"\n", 1)
                     heard = time.perf_counter()
-                    answer = self._answer(line, (heard - answered) * 1e6)
+                    window_us = (heard - answered) * 1e6
+                    if self._relay is not None:  # "<window us> <question>": the native clock's, not this thread's
+                        stamp, _, line = line.partition(b" ")
+                        window_us = float(stamp)
+                    answer = self._answer(line, window_us)
                     if answer is None:
                         return  # a violation: no more answers; the worker's next question finds the pipe closed
                     os.write(self._a_w, answer.encode() + b"\n")
                     answered = time.perf_counter()
-                if len(pending) > MAX_LINE:
+                if len(pending) > MAX_LINE + 32:  # (32: the clock's stamp)
                     self._violate("a question to the referee longer than any the harness asks")
                     return
         except OSError as e:
@@ -229,9 +234,10 @@ class Referee:
 # ---------------------------------------------------------------------- what the log says
 
 # The timer's claim (its median of the calls alone) beside the referee's figure (its median window less
-# the harness's own share). The recorded time is never below the referee's figure; a claim this far below
-# it is a timing the process forged: rejected. Far, because a call's window also holds what the host did
-# to the process meanwhile (a loaded CPU's scheduling), which the timer's interval of the call alone may not.
+# the harness's own share). The recorded time is never far below the referee's figure (floor_us); a claim
+# this far below it is a timing the process forged: rejected. Far, because a call's window also holds what
+# the host did to the process meanwhile (a loaded CPU's scheduling), which the timer's interval of the call
+# alone may not.
 FORGED = (4.0, 20_000.0)  # (times the claim, and microseconds more)
 
 
@@ -255,6 +261,17 @@ def unrefereed(referee: Referee, timed: list[str]) -> Optional[str]:
     return None
 
 
+# The referee's figure is a difference of two medians, each moving with the host: a claim this close under it
+# stands, a lower one is recorded at floor_us. What a forger can gain is this much, no more.
+RESOLUTION = (0.03, 2.0)  # (a share of the figure, and microseconds more)
+
+
+def floor_us(seen: float) -> float:
+    """The least time recorded for a call the referee's clock saw take `seen` microseconds."""
+    share, us = RESOLUTION
+    return max(0.0, seen * (1.0 - share) - us)
+
+
 def seen_us(lp: RefereeLoop, over: Optional[float]) -> Optional[float]:
     """The referee's time a call: its median window less the harness's own share (None: not calibrated)."""
     if over is None or lp.median_us is None:
@@ -265,8 +282,8 @@ def seen_us(lp: RefereeLoop, over: Optional[float]) -> Optional[float]:
 def forged_claim(label: str, lp: RefereeLoop, claim_us: float, over: Optional[float]) -> Optional[str]:
     """Why the timer's claim for this loop is far shorter than the referee's clock allows, or None."""
     seen = seen_us(lp, over)
-    factor, floor_us = FORGED
-    if seen is not None and seen > claim_us * factor + floor_us:
+    factor, more_us = FORGED
+    if seen is not None and seen > claim_us * factor + more_us:
         return (f"case {label}: the timer's records give {claim_us:.0f} us a call, but the referee's own clock saw "
                 f"{seen:.0f} us a call ({lp.median_us:.0f} us its median window, less {over:.0f} us of the harness's own work): "
                 "the timing was not the harness's")

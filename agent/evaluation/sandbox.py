@@ -259,8 +259,12 @@ def collect(sp: Spawned, job: Job, timeout_s: float, on_message: Optional[Callab
 
 def refereed(job: Job) -> bool:
     """Whether a referee answers this worker's timed calls: a candidate's or a baseline job's, on a CPU.
-    (A GPU's microsecond calls want a referee that answers faster than a thread of this process; until
-    one is measured on a GPU, the native timer's records and their checks stand alone there.)"""
+
+    Not on a GPU, as measured on an H200 (2026-12-03, docs/gpu.md): a window there holds the harness's own
+    work between calls (the inputs' redraw, the L2 flush, the outputs' digest, in the candidate's Python),
+    0.5 to 9 ms a call of decode against kernels of 20 us to 2 ms, and that share differed by 10-50% between
+    the baseline's process and a candidate's, so the referee's figure strayed from honest claims by 0.5-2x.
+    A GPU referee wants the redraw out of the candidate's process (the inputs in memory the referee writes)."""
     return job.mode in ("candidate", "baseline") and job.device is Device.CPU
 
 

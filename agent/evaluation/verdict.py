@@ -189,9 +189,8 @@ def _refereed(job: Job, run: WorkerRun, cases: list[CaseResult],
         if why:
             return why, cases
         seen = referee.seen_us(lp, over)
-        if seen is not None and seen > c.time_us:  # the referee's figure is the floor of what is recorded
-            time = c.time.model_copy(update={"median_us": seen, "p90_us": max(c.time.p90_us, seen)})
-            c = c.model_copy(update={"time": time, "time_us": seen})
+        if seen is not None:  # its figure less its resolution is the floor of what is recorded (c.time: the timer's)
+            c = c.model_copy(update={"referee_us": seen, "time_us": max(c.time_us, referee.floor_us(seen))})
         out.append(c)
     return None, out
 

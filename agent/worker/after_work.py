@@ -16,7 +16,8 @@ from typing import Optional
 import torch
 
 from optagent.worker import referee_client
-from optagent.worker.harness import float_bases, outputs_digest, poison, refresh_floats
+from optagent.worker.digests import outputs_digest
+from optagent.worker.harness import float_bases, poison, refresh_floats
 
 
 class AfterWork:

@@ -28,7 +28,8 @@ from optagent.worker.interpreter_faults import repair_interpreter
 from optagent.worker.after_work import AfterWork, out_bytes
 from optagent.worker.args import clone_args
 from optagent.worker.compare import fails_check
-from optagent.worker.harness import TaskRuntime, checksum, poison, run_baseline, same_bits
+from optagent.worker.digests import checksum
+from optagent.worker.harness import TaskRuntime, poison, run_baseline, same_bits
 from optagent.worker import lane as lane_clock
 from optagent.worker.lane import lane
 from optagent.messages import (Baseline, CaseFailed, CaseRan, CaseSpec, CaseStart, Channel, Compiled, Done, Hello,

@@ -7,7 +7,6 @@ The candidate process and the judge process both build a case's inputs through
 
 from __future__ import annotations
 
-import hashlib
 
 import importlib.util
 import inspect
@@ -265,36 +264,5 @@ def refresh_floats(args: list, seed: int, bases: dict[int, torch.Tensor]) -> Non
     current values), so the judge can rebuild any redraw from the seed and the case's base inputs."""
     for i, base in bases.items():
         args[i].copy_(moved(base, seed * 1000 + i))
-
-
-CHECKSUM_CHUNK = 1 << 24  # elements per pass: a multi-GiB KV cache needs no int64 copy of itself
-
-
-def outputs_digest(outputs: dict) -> str:
-    """sha256 of the output tensors' bytes, in argument order: what the harness tells the referee of a
-    timed call's outputs (worker/referee_client.py), and what the judge computes of the saved ones."""
-    h = hashlib.sha256()
-    for i in sorted(outputs):
-        t = outputs[i].detach().cpu().contiguous().reshape(-1)
-        h.update(t.view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
-def checksum(t: torch.Tensor) -> str:
-    """A position-sensitive checksum of a tensor's bytes, computed where the tensor lives.
-
-    The judge compares it with the same checksum of its own rebuild of the inputs: as strong a
-    test that the inputs were left unchanged as saving them whole, without copying GiBs to the
-    host and to disk. Integer sums wrap the same in any order, so both processes agree exactly.
-    """
-    b = t.detach().contiguous().view(-1).view(torch.uint8)
-    words = b.view(torch.int32) if b.numel() % 4 == 0 else b.to(torch.int32)
-    plain = weighted = 0
-    for s in range(0, words.numel(), CHECKSUM_CHUNK):
-        c = words[s:s + CHECKSUM_CHUNK].to(torch.int64)
-        pos = torch.arange(s, s + c.numel(), device=c.device, dtype=torch.int64) % 1000003 + 1
-        plain += int(c.sum())
-        weighted += int((c * pos).sum())
-    return f"{tuple(t.shape)}:{t.dtype}:{plain}:{weighted % (1 << 64)}"
 
 

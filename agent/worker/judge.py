@@ -19,8 +19,8 @@ import torch
 from optagent.worker.arg_roles import ArgRoles
 from optagent.worker.floor_estimate import estimated_bytes
 from optagent.worker.compare import integer_mismatch, run_check, untouched_masks, written_problem
-from optagent.worker.harness import (TaskRuntime, checksum, clone_args, float_bases, outputs_digest, refresh_floats,
-                                     run_baseline)
+from optagent.worker.digests import checksum, outputs_digest
+from optagent.worker.harness import TaskRuntime, clone_args, float_bases, refresh_floats, run_baseline
 from optagent.worker.interpreter_faults import blame_interpreter
 from optagent.messages import (CaseSpec, Channel, Done, ExpectedSample, Finding, Job, Phase, PhaseStarted, Probed,
                                ProbedCase, ProbedExtra, Sample, Verdict)

@@ -40,8 +40,8 @@ def ask(question: str) -> list[str]:
     answers, questions = _FDS
     os.write(questions, question.encode("ascii") + b"\n")
     line = b""
-    while not line.endswith(b"\n"):
-        chunk = os.read(answers, 1)
+    while not line.endswith(b"\n"):  # one answer a question: a read takes the whole line, never the next
+        chunk = os.read(answers, 256)
         if not chunk:
             raise RefereeGone("the referee stopped answering the harness")
         line += chunk

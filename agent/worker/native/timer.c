@@ -699,6 +699,73 @@ static PyMethodDef timer_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* ------------------------------------------------------------------ the referee's clock (parent side)
+ * Not the worker's: the trusted parent loads its own build of this file with ctypes and runs
+ * optagent_referee_clock in a thread of its own (evaluation/referee.py), without Python's lock (ctypes
+ * drops it for the call). It relays the worker's questions to the referee's thread, each line prefixed
+ * with its window in microseconds, and the referee's answers back. A window runs from the moment an
+ * answer was written to the moment the next question was read, by CLOCK_MONOTONIC: a thread of a busy
+ * Python process would add its own wait for the interpreter's lock to both ends, a jitter of up to
+ * milliseconds beside GPU calls of tens of microseconds. It closes the four descriptors when either side
+ * ends; a line longer than any question is passed on as "X", which the referee refuses. */
+static int relay_write(int fd, const char *buf, size_t n) {
+    while (n > 0) {
+        ssize_t w = write(fd, buf, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        buf += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int optagent_referee_clock(int from_worker, int to_worker, int to_referee, int from_referee) {
+    char q[512], a[256], head[48];
+    size_t qn = 0;
+    double answered = now_s();
+    for (;;) {
+        ssize_t r = read(from_worker, q + qn, sizeof q - qn);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        double heard = now_s();
+        qn += (size_t)r;
+        char *nl;
+        while ((nl = memchr(q, '\n', qn)) != NULL) {
+            size_t len = (size_t)(nl - q) + 1, an = 0;
+            int hn = snprintf(head, sizeof head, "%.3f ", (heard - answered) * 1e6);
+            if (relay_write(to_referee, head, (size_t)hn) < 0 || relay_write(to_referee, q, len) < 0)
+                goto done;
+            memmove(q, q + len, qn - len);
+            qn -= len;
+            while (an == 0 || (a[an - 1] != '\n' && an < sizeof a)) {
+                ssize_t k = read(from_referee, a + an, sizeof a - an);
+                if (k < 0 && errno == EINTR)
+                    continue;
+                if (k <= 0)
+                    goto done;
+                an += (size_t)k;
+            }
+            if (relay_write(to_worker, a, an) < 0)
+                goto done;
+            answered = now_s();
+        }
+        if (qn == sizeof q) {
+            relay_write(to_referee, "0 X\n", 4);
+            break;
+        }
+    }
+done:
+    close(to_referee);
+    close(from_worker);
+    close(to_worker);
+    close(from_referee);
+    return 0;
+}
+
 static struct PyModuleDef timer_module = {PyModuleDef_HEAD_INIT, "_optagent_timer", NULL, -1, timer_methods};
 
 PyMODINIT_FUNC PyInit__optagent_timer(void) {
