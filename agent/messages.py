@@ -32,6 +32,7 @@ class TimingSpec(Record):
     budget_s: float = 0.3  # per case and per timed callable
     input_sets: int = 3  # rotated fresh float inputs (keeps L2 and caches honest)
     warmup: int = 10  # GPU clocks and caches settle before the first timed call
+    graphs: bool = False  # also time CUDA-graph replays (settings' graph_timing): a display figure, never scored
 
 
 class Part(BaseModel):

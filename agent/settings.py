@@ -59,6 +59,9 @@ class Settings(BaseModel):
         "evaluations run on it at once, at least 2; 0: none, each candidate's process starts with it)",
         json_schema_extra=_must("a whole number of processes, at least 0"))
     timer: Optional[str] = Field(None, description="python: never build the native timer, time in the worker's Python")
+    graph_timing: bool = Field(False, description="1: also time each case's CUDA-graph replays (the gpu_us column; "
+                               "never scored), about 2 s more a candidate on an H200",
+                               json_schema_extra=_must("1 or 0"))
     ncu: Optional[str] = Field(None, description="the Nsight Compute program for --profile")
     nvcc: Optional[str] = Field(None, description="the CUDA compiler command (--compiler wins)")
     prompts_dir: Optional[Path] = Field(None, description="prompt templates to use instead of the installed ones")

@@ -67,9 +67,13 @@ class Watched:
         real_run = warm_worker.WarmWorker.run
         rec = self
 
+        self.judged: list[tuple[float, float]] = []  # (when a judge was started, when it was handed its job)
+
         def run(self, job, *a, **k):
             if job.mode == "candidate":
                 rec.ran.append((self.spawned.start, self.spawned.proc.poll() is None))
+            else:
+                rec.judged.append((self.spawned.start, time.monotonic()))
             return real_run(self, job, *a, **k)
         monkeypatch.setattr(warm_worker.WarmWorker, "run", run)
 
@@ -106,6 +110,8 @@ def test_a_candidate_runs_in_a_spare_and_leaves_nothing_for_the_next(task_dir, m
         assert second.status is Status.PASSED, second.reason  # none of the plants is in its process or files
         assert len(rec.ran) == 2 and all(alive for _, alive in rec.ran)  # each in a spare, the second not killed
         assert rec.ran[1][0] < ended  # which was waiting beside the planting candidate
+        # the second candidate's judge came with its spare: started while the first candidate ran, not with it
+        assert len(rec.judged) == 2 and rec.judged[1][0] < ended
         assert pool.evaluator.spares.taken == 2
         _ready(pool, 3, ask=False)  # and a third, started by the pool once the first candidate's process ended
     finally:
@@ -132,6 +138,7 @@ def test_a_closed_pool_takes_its_spares_down(task_dir, monkeypatch):
     assert pool.evaluator.spares is None
     for w in waiting:
         assert w.spawned.proc.poll() is not None and not w.scratch.exists()
+        assert w.companions is not None and all(j.spawned.proc.poll() is not None for j in w.companions.workers)
 
 
 def test_a_spare_that_died_while_it_waited_is_replaced_by_a_fresh_process(task_dir, monkeypatch):

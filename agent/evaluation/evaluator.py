@@ -20,6 +20,7 @@ from typing import Callable, Optional
 from optagent.cache import cache_root, write_json
 from optagent.integrity import python_syntax_error, static_verdict
 from optagent.secret_env import redact
+from optagent.settings import settings
 from optagent.worker.interpreter_faults import source_uses_dot, source_uses_fp8
 from optagent.evaluation import isolation, referee, warm_worker
 from optagent.evaluation.builds import Builds
@@ -67,9 +68,12 @@ class SandboxEvaluator:
         isolation.mechanism()  # a bad OPTAGENT_ISOLATION, or a forced mechanism that does not work, fails here
         limits_for(device)  # and so does a bad OPTAGENT_MEMORY_LIMIT_GIB
         self.profiler = Profiler.found() if profile else None  # and a bad OPTAGENT_NCU
-        # on a CPU three timed calls, so that the referee's median window outlasts a stalled one
-        self.timing = TimingSpec() if self.device is Device.CUDA else TimingSpec(min_iters=3, max_iters=3, budget_s=0.0,
-                                                                       input_sets=referee.ONE_SET, warmup=1)
+        # one input set, redrawn after every call (on a CPU the referee's rule; on a GPU the L2 flush before each
+        # call keeps caches honest, and each more set was drawn, kept and checked); on a CPU three timed calls, so
+        # that the referee's median window outlasts a stalled one
+        self.timing = (TimingSpec(input_sets=referee.ONE_SET, graphs=settings().graph_timing)
+                       if self.device is Device.CUDA
+                       else TimingSpec(min_iters=3, max_iters=3, budget_s=0.0, input_sets=referee.ONE_SET, warmup=1))
         self.spares: Optional[Spares] = None  # candidate processes started ahead (keep_spares)
         self._judged = False  # no judge has run yet: the first runs alone (it measures the GPU's ceilings)
         self.builds = Builds(scratch_base(scratch_root) / "builds")  # passed kernels' own compiled code (builds.py)
@@ -78,7 +82,12 @@ class SandboxEvaluator:
         """A run's pool: candidate processes started before their candidates, per lane device (warm_worker.py)."""
         if per_device > 0 and warm_worker.available(self.device) and self.spares is None:
             self.spares = Spares(lambda: self._job("candidate", *new_scratch(self.scratch_root), timer=native_timer()),
-                                 self.timeout_s, per_device)
+                                 self.timeout_s, per_device,
+                                 lambda job, control: Judges(self._judge_job(job), SIDE_BY_SIDE, self.timeout_s, control))
+
+    @staticmethod
+    def _judge_job(job: Job) -> Job:
+        return job.model_copy(update={"mode": "judge", "timer": None})
 
     def drop_spares(self) -> None:
         if self.spares is not None:
@@ -136,9 +145,16 @@ class SandboxEvaluator:
                             time_baseline=baselines is None, timer=timer)
             if progress:
                 progress(Progress(phase=Phase.STARTING))
-            if judge and warm_worker.available(self.device):  # started now, it is ready when the candidate ends
-                early = Judges(job.model_copy(update={"mode": "judge", "timer": None}),
-                               (judges or SIDE_BY_SIDE) if self._judged else 1, self.timeout_s, control)
+            wanted = (judges or SIDE_BY_SIDE) if self._judged else 1
+            if spare is not None and isinstance(spare.companions, Judges):  # started with the spare, warm by now
+                early, spare.companions = spare.companions, None
+                if not judge:  # a re-time's process: no judge
+                    early.abandon()
+                    early = None
+                else:
+                    early.adopt(wanted, control)
+            elif judge and warm_worker.available(self.device):  # started now, it is ready when the candidate ends
+                early = Judges(self._judge_job(job), wanted, self.timeout_s, control)
             heard = [f for f in (relay, clock, gate.on_message if gate else None) if f]
             on_message = lambda m: [f(m) for f in heard]  # noqa: E731
             run = (spare.run(job, [], on_message, gate or Control()) if spare else None) or \

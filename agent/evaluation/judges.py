@@ -110,6 +110,17 @@ class Judges:
             raise errors[0]
         return merged([r for r in runs if r is not None])
 
+    def adopt(self, n: int, control: Optional[Control]) -> "Judges":
+        """A spare's judges (started with it: warm_worker.Spares) for its evaluation: at most n of them kept,
+        each under the evaluation's control (its stop flag) from now on."""
+        for w in self.workers[n:]:
+            w.abandon()
+        self.workers = self.workers[:n]
+        self.control = control
+        for w in self.workers:
+            w.spawned.control = control or w.spawned.control
+        return self
+
     def abandon(self) -> None:
         """The ones not used (or all, when the evaluation ended otherwise) taken down."""
         for w in self.workers:

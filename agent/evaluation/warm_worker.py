@@ -27,7 +27,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
 
 from optagent import job_channel
 from optagent.evaluation import isolation
@@ -51,6 +51,7 @@ class WarmWorker:
         if dir_fd is None:
             raise ValueError(f"{template.scratch}: not a scratch directory new_scratch made")
         self.timeout_s = timeout_s
+        self.companions: Optional[Companions] = None  # a spare's judges (Spares)
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock = parent
         child_fd = child.detach()  # spawn() passes it to the worker and closes it here
@@ -101,6 +102,12 @@ class WarmWorker:
         self.spawned.abandon()
 
 
+class Companions(Protocol):
+    """What a spare starts beside its candidate process (its judges: evaluation/judges.py)."""
+
+    def abandon(self) -> None: ...
+
+
 class Spares:
     """Candidate processes waiting for their candidates, up to `per_device` for each lane device, each started
     by a thread of its own that lives as long as the pool (a worker dies with the thread that started it:
@@ -111,10 +118,15 @@ class Spares:
     run's starter, whose timing is the run's first bar, is evaluated cold with none starting beside it; its
     first candidate finds the spares started during the starter's judge."""
 
-    def __init__(self, template: Callable[[], Job], timeout_s: float, per_device: int):
+    def __init__(self, template: Callable[[], Job], timeout_s: float, per_device: int,
+                 companions: Optional[Callable[[Job, Control], Companions]] = None):
         """template: a new scratch directory's job as far as it is known before its candidate (mode, device,
-        task, timer), made afresh for each spare."""
+        task, timer), made afresh for each spare. companions: what each spare starts beside its candidate
+        process, in its scratch directory (its judges), so that their start-up too is over before the
+        candidate's timed phase (a judge started with its candidate imported torch beside it: on the H200
+        that evaluation's timing ran 2x as long, 12 loops again after a slow host); taken with the spare."""
         self.template, self.timeout_s, self.per_device = template, timeout_s, per_device
+        self.companions = companions
         self._ready: dict[Optional[str], list[WarmWorker]] = {}
         self._count: dict[Optional[str], int] = {}  # ready or starting, per device
         self._wanted: queue.Queue = queue.Queue()
@@ -142,7 +154,12 @@ class Spares:
                 job = self.template()
                 try:
                     worker = WarmWorker(job, self.timeout_s, Control(device))
+                    if self.companions is not None:
+                        worker.companions = self.companions(job, Control(device))
                 except Exception:
+                    if worker is not None:
+                        worker.abandon()
+                        worker = None
                     remove_scratch(Path(job.scratch))
             except Exception:
                 pass  # no spare this time: an evaluation starts its candidate process itself
@@ -183,4 +200,6 @@ class Spares:
 
 def _discard(worker: WarmWorker) -> None:
     worker.abandon()
+    if worker.companions is not None:
+        worker.companions.abandon()
     remove_scratch(worker.scratch)

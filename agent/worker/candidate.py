@@ -267,8 +267,11 @@ class Candidate:
             found = work.take(call, k)
             if found is not None:
                 samples.append(self._save(case.label, timed_name(call), found, set_seed(job, k), seed))
-        gpu, note = self.timer.gpu(case.label, fn, sets, getattr(backend, "graph_capturable", True), work, n_keep,
-                                   work.poison_all)
+        if not job.timing.graphs:  # a display figure, never scored: a capture and a loop a case (settings.py)
+            gpu, note = None, "not timed (OPTAGENT_GRAPH_TIMING=1 times graph replays too)"
+        else:
+            gpu, note = self.timer.gpu(case.label, fn, sets, getattr(backend, "graph_capturable", True), work, n_keep,
+                                       work.poison_all)
         if gpu:
             samples += saved(gpu.pop("check"))
         return samples, {"timing": Timing(**timing), "gpu": Timing(**gpu) if gpu else None, "gpu_note": note}

@@ -2,9 +2,10 @@
 Attack: while a CUDA graph is being captured (the harness's GPU time), the kernel launches a
 quarter of the query heads; eager calls do all the work. Graph replays then report a fraction
 of the honest GPU time (165 us against 594 on an H200, before replays were checked).
-Expected verdict: INCORRECT -- "not written" on a GPU: replays get the eager calls' treatment
-(outputs poisoned before and after each replay, some kept at random and judged).  On CPU
-there is no graph: the kernel is honest there.
+Expected verdict: PASSED at its eager calls' time, with no graph time: replays are not timed by
+default (a display figure, never scored), so the trick gains nothing. With OPTAGENT_GRAPH_TIMING=1:
+INCORRECT -- "not written" on a GPU: replays get the eager calls' treatment (outputs poisoned before
+and after each replay, some kept at random and judged). On CPU there is no graph: it is honest there.
 """
 
 import math
