@@ -41,7 +41,7 @@ from typing import Optional
 
 from optagent.app.build import build_evaluator
 from optagent.costs import Costs
-from optagent.evaluation import verdict
+from optagent.evaluation import referee, verdict
 from optagent.evaluation.pool import LocalPool
 from optagent.protocols import PoolJob
 from optagent.schema import Device, EvalResult, Language
@@ -115,6 +115,19 @@ class TimerTap:
 
 
 TAP = TimerTap()
+WINDOWS: list = []  # every referee's loops as it finished: (case, baseline loop?, its windows in us), per process
+
+
+def _tap_referees() -> None:
+    real = referee.Referee.finish
+
+    def finish(self, *a, **k):
+        WINDOWS.append([(lp.label, lp.baseline, [round(w, 1) for w in lp.windows_us]) for lp in self.loops])
+        return real(self, *a, **k)
+    referee.Referee.finish = finish
+
+
+_tap_referees()
 
 
 def spares_taken(pool: LocalPool) -> int:
@@ -123,7 +136,23 @@ def spares_taken(pool: LocalPool) -> int:
 
 
 def case_medians(r: EvalResult) -> dict[str, float]:
-    return {c.case: (c.gpu_us or c.time_us) for c in r.cases if (c.gpu_us or c.time_us)}
+    """The recorded time of each case (what the score is made of)."""
+    return {c.case: c.time_us for c in r.cases if c.time_us}
+
+
+def refereed(r: EvalResult) -> list[tuple]:
+    """Per timed case: the timer's claim, the referee's own figure, the time recorded (evaluation/verdict.py) and
+    the baseline's time (the referee's calibration: its windows less this are the harness's own share)."""
+    return [(c.case, c.time.median_us, c.referee_us, c.time_us, c.baseline_us) for c in r.cases
+            if c.time and c.referee_us is not None and c.time_us]
+
+
+def referee_line(rows: list) -> str:
+    ratios = sorted(claim / seen for _, claim, seen, *_ in rows if seen > 0)
+    floored = sum(1 for _, claim, _, rec, _ in rows if rec > claim)
+    return (f"claim / referee per case: median {statistics.median(ratios):.3f} (range {ratios[0]:.3f}-{ratios[-1]:.3f}), "
+            f"{floored} of {len(rows)} recorded at the referee's floor; " + ", ".join(
+                f"{c} {claim:.1f}/{seen:.1f}" for c, claim, seen, *_ in rows[:12]))
 
 
 def spread_pct(a: EvalResult, b: EvalResult) -> Optional[float]:
@@ -185,6 +214,7 @@ class Bench:
                 row["evals"].append({"wall_s": wall, "gpu_busy": busy, "status": r.status.value, "timer": TAP.since(mark),
                                      "in_spare": spares_taken(pool) > taken,
                                      "costs": r.costs.model_dump() if r.costs else None, "medians": case_medians(r),
+                                     "referee": refereed(r),
                                      "reason": r.reason})
                 row.setdefault("results", []).append(r)
             if retime and row.get("results") and row["results"][0].status.ok and self.left() > 0:
@@ -252,6 +282,9 @@ def print_row(row: dict) -> None:
         if t.get("loops"):
             print(f"    timer loops: {t['loops_s']:.2f} s of timing {(e['costs'] or {}).get('timing', 0):.2f} s "
                   f"({t['loops']} loops, {t['calls']} timed calls, {t['again']} again after a slow host)", flush=True)
+    for e in evals:
+        if e.get("referee"):
+            print(f"    {referee_line(e['referee'])}", flush=True)
     again = row.get("retime2")
     if again:
         phases = [c for c in again["costs"] if c]
@@ -298,6 +331,7 @@ def main() -> None:
         bench.gpu.close()
         if a.json_out:
             a.json_out.write_text(json.dumps(bench.rows, indent=1, default=str))
+            a.json_out.with_suffix(".windows.json").write_text(json.dumps(WINDOWS))
 
 
 if __name__ == "__main__":

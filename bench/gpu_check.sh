@@ -14,6 +14,7 @@
 #   COST_ARGS="--budget 300" bash bench/gpu_check.sh cost   seconds per candidate, their phases, GPU-busy share,
 #                                   candidates/hour, re-time cost, repeatability (issue 31, bench/eval_cost.py)
 #   STEPS=referee_rtt bash bench/gpu_check.sh steps   a referee's round trip against a GPU call (issue 31)
+#   STEPS=ipc_probe bash bench/gpu_check.sh steps   a referee's memory opened by a launcher under bwrap (CUDA IPC)
 #   STEPS=ray_overhead bash bench/gpu_check.sh steps   Ray's overhead per candidate against the local pool
 #                                   (issue 24; needs .ray/ray.tar.xz from bench/pack_ray.sh)
 #
@@ -284,6 +285,13 @@ eval_cost() {  # issue 31: seconds per candidate and where they go (bench/eval_c
 referee_rtt() {  # issue 31: a referee's round trip to a launcher process against the GPU call (bench/referee_rtt.py)
   timeout "${RTT_TIMEOUT:-200}" python3 bench/referee_rtt.py ${RTT_ARGS:-} > "$OUT/eval_cost-rtt.txt" 2>&1
   echo "referee rtt: exit $?"; cat "$OUT/eval_cost-rtt.txt"
+}
+
+ipc_probe() {  # issue 31: a referee's inputs and outputs in a launcher's reach through CUDA IPC, under bwrap (bench/ipc_probe.py)
+  for iso in bwrap none; do
+    timeout 90 python3 bench/ipc_probe.py --isolation "$iso" ${IPC_ARGS:-} > "$OUT/ipc-$iso.txt" 2>&1
+    echo "ipc probe ($iso): exit $?"; tail -3 "$OUT/ipc-$iso.txt"
+  done
 }
 
 eval_profile() {  # issue 31: one evaluation's message timeline and its judge under cProfile (bench/eval_profile.py)
