@@ -88,10 +88,10 @@ class Job(Record):
     source_fp8: bool = False  # judge: the candidate's source names an fp8 type (interpreter_faults)
     source_dot: bool = False  # judge: the candidate's source calls a dot (interpreter_faults)
     time_baseline: bool = True  # candidate: time the baselines first (off where a pool times them once per lane)
+    retime: bool = False  # candidate: timing only, no checked run, nothing saved (a re-time: search/accept.py)
     timer: Optional[NativeTimerSpec] = None  # candidate: the native timer (None: the Python one)
     expected: dict[str, list[ExpectedSample]] = Field(default_factory=dict)  # judge: samples that must exist
-    # candidate: the in-process guard (worker/guard.py); off only in tests that show the OS contains it alone
-    guard: bool = True
+    guard: bool = True  # candidate: the in-process guard (worker/guard.py); off only in tests of the OS's containment
     target_facts: bool = False  # candidate, CPU mode: Triton launches also compiled for the target GPU
     gate_fd: Optional[int] = None  # a warm candidate: its lane's gate, sent with the job (evaluation/warm_worker.py)
 

@@ -71,3 +71,14 @@ def test_an_unjudged_re_time_never_makes_a_candidate_faster_than_its_judged_timi
     retime = Retimer({1: 99.5})
     got = decide((0, "src0", result(100.0, "lane 0")), [(1, "src1", result(90.0, "lane 0"))], 0.02, retime)
     assert got.winner is None and got.verdicts[1].result.geomean_time_us == pytest.approx(99.5)
+
+
+def test_an_incumbent_faster_in_its_re_time_than_when_judged_keeps_its_judged_timing():
+    """A re-time's process can tell it is one (no checked runs): an incumbent that works when judged (100 us) and
+    cheats when re-timed (50 us) neither stops a real gain nor keeps the forged figure as the bar."""
+    retime = Retimer({0: 50.0, 1: 90.0})
+    got = decide((0, "src0", result(100.0, "lane 0")), [(1, "src1", result(90.0, "lane 0"))], 0.02, retime)
+    assert got.winner == 1, got.verdicts[1].note
+    retime = Retimer({0: 50.0, 1: 99.0})  # no gain: the incumbent stays, at its judged 100 us, not at 50
+    got = decide((0, "src0", result(100.0, "lane 0")), [(1, "src1", result(99.0, "lane 0"))], 0.02, retime)
+    assert got.winner is None and got.incumbent.geomean_time_us == pytest.approx(100.0)

@@ -10,6 +10,7 @@ from optagent.evaluation import judges as judges_module
 from optagent.evaluation.evaluator import SandboxEvaluator
 from optagent.evaluation.cases import select_cases
 from optagent.evaluation.pool import LocalPool
+from optagent.messages import CaseRan
 from optagent.protocols import PoolJob
 from optagent.schema import Language, Status
 from optagent.task import load_task
@@ -53,9 +54,16 @@ def pool_and_modes(task_dir, monkeypatch):
     pool.close()
 
 
-def test_a_retime_runs_no_judge(pool_and_modes):
+def test_a_retime_runs_no_judge_and_no_checked_run(pool_and_modes, monkeypatch):
     task, pool, modes = pool_and_modes
     source = task.starter(Language.TRITON).source
+    samples: list[int] = []  # saved outputs per candidate process, as the parent reads its messages
+    assemble = evaluator_module.assemble
+
+    def spy(job, run, *a, **k):
+        samples.append(sum(len(m.samples) for m in run.all(CaseRan)))
+        return assemble(job, run, *a, **k)
+    monkeypatch.setattr(evaluator_module, "assemble", spy)
     [(_, first)] = list(pool.evaluate([PoolJob(0, source, Language.TRITON)]))
     assert first.status is Status.PASSED and modes.count("judge") == 1
     assert first.costs.judge > 0 and first.cases[0].rel_err is not None
@@ -65,6 +73,8 @@ def test_a_retime_runs_no_judge(pool_and_modes):
     # two candidate processes and no judge (the lane's baseline job may run again: the host drifted)
     assert modes.count("candidate") == 2 and "judge" not in modes and "warm judge" not in modes, modes
     assert all(r.costs.judge == 0 and r.cases[0].time_us for r in again)
+    # timing only: the first evaluation saved its checked runs and timed calls, the re-time's processes nothing
+    assert samples[0] >= 2 and samples[1:] == [0, 0], samples
 
 
 def test_no_state_is_carried_from_one_candidates_process_to_the_next(pool_and_modes):

@@ -110,8 +110,8 @@ class SandboxEvaluator:
         """evaluate, as a pool runs it: the candidate process behind `gate` (its lane) and the judge
         under `control` (the lane's device, the pool's stop flag); `baselines` gives its lane's
         baseline timings (evaluation/pool.py), which the candidate process then does not take.
-        judge=False (a re-time): the candidate process runs exactly as always (it cannot tell), but no
-        judge checks its outputs; search/accept.py never lets such a timing beat a judged one. judges: how many
+        judge=False (a re-time): the candidate process times its cases only (Job.retime: no checked runs, nothing
+        saved) and no judge runs; search/accept.py never lets such a timing beat a judged one. judges: how many
         judges at most (a pool says 1 for an evaluation that starts beside others: judges.py); None: SIDE_BY_SIDE."""
         start = time.monotonic()
         relay = PipeRelay(progress, self.cases) if progress else None
@@ -142,7 +142,7 @@ class SandboxEvaluator:
             job = self._job("candidate", scratch, nonce, language=language, source_path=str(src),
                             outputs_dir=str(scratch / "outputs"), source_fp8=source_uses_fp8(source),
                             source_dot=source_uses_dot(source),
-                            time_baseline=baselines is None, timer=timer)
+                            time_baseline=baselines is None, timer=timer, retime=not judge)
             if progress:
                 progress(Progress(phase=Phase.STARTING))
             wanted = (judges or SIDE_BY_SIDE) if self._judged else 1

@@ -12,10 +12,11 @@ On arrival (``first_look``) a passing candidate's outcome is final unless it may
   Otherwise the PENDING ones are re-timed together with the incumbent, back to back on one lane
   (one Pool.retime a round), and those still faster by more than max(min_gain, noise) clear the rule; the
   largest gain wins. The incumbent, when it stays, keeps its fresh timing.
-A re-time is timing only (no judge checks its outputs), so it never makes a candidate faster than its
-judged timing: a candidate counts with the slower of the two (``judged_floor``), and one that works when
-first evaluated and cheats in a re-time gains nothing by it. The incumbent's fresh timing is kept as
-before (a record taken on a slow stretch of the host must not stay the bar); that figure is unjudged.
+A re-time is timing only (its process runs no checked run and no judge checks its outputs: the process can
+tell), so it never makes a kernel faster than its judged timing: a candidate, and the incumbent, count with
+the slower of the two (``judged_floor``), and one that works when first evaluated and cheats in a re-time
+gains nothing by it. The incumbent keeps that fresh figure as its bar (a record taken on a slow stretch of
+the host must not stay the bar), never one below its judged timing.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def decide(incumbent: tuple[int, str, EvalResult], pending: Sequence[tuple[int, 
                 verdicts[i] = Verdict(StepOutcome.NOT_BETTER, f"{head}; step {won} gained more: not re-timed", r)
         return Decision(verdicts, won)
     again = retime([(inc_step, inc_source)] + [(i, src) for i, src, _ in pending])
-    again = again[:1] + [judged_floor(r, a) for (_, _, r), a in zip(pending, again[1:])]
+    again = [judged_floor(r, a) for r, a in zip([inc_result] + [r for _, _, r in pending], again)]
     again_best, fresh = again[0], bool(again[0].status.ok and again[0].geomean_time_us)
     verdicts, cleared = {}, {}
     for (i, _, first), again_new in zip(pending, again[1:]):

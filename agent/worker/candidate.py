@@ -95,6 +95,12 @@ class Candidate:
         checked = []  # (n, case, samples, load_ms) of the cases still to time
         for n, case in enumerate(job.cases):
             chan.send(CaseStart(case=case.label))
+            if job.retime:  # timing only (messages.Job.retime): the timed cases go straight to the timing phase
+                if case.kind is CaseKind.HIDDEN:
+                    chan.send(CaseRan(case=case.label, samples=[], load_ms=0.0))
+                else:
+                    checked.append((n, case, [], 0.0))
+                continue
             t0 = _load_clock()
             try:
                 fn = backend.load_fresh(f"{n}_{case.label}")
@@ -246,7 +252,7 @@ class Candidate:
         n_keep = min(SAMPLED_CALLS, max(1, SAMPLED_BYTES // max(out_bytes(sets, work.outs), 1)))
 
         def saved(check: list) -> list[Sample]:
-            if work.refereed:  # the referee's kept calls (below), not the timer's
+            if work.refereed or job.retime:  # the referee's kept calls (below), not the timer's; a re-time: none
                 return []
             out = []
             for call, k, seed in check:
@@ -263,7 +269,7 @@ class Candidate:
             timing = self.timer.eager(case.label, LoopKind.EAGER, fn, sets, work, n_keep,
                                       on_loop=lambda check: samples.extend(saved(check)))
         samples += saved(timing.pop("check"))  # the Python timer's, told at the end
-        for call, (k, seed) in sorted(work.kept.items()):  # the referee's choice, made after each digest was told
+        for call, (k, seed) in sorted(work.kept.items() if not job.retime else ()):  # the referee's, after each digest
             found = work.take(call, k)
             if found is not None:
                 samples.append(self._save(case.label, timed_name(call), found, set_seed(job, k), seed))
