@@ -160,8 +160,8 @@ class SandboxEvaluator:
             run = (spare.run(job, [], on_message, gate or Control()) if spare else None) or \
                 run_worker(job, self.timeout_s, on_message=on_message, control=gate)
             clock.worker_ended()
-            if self.spares:
-                self.spares.top_up(lane_device)  # its timed phase is over: the next candidate's process starts
+            if self.spares and judge:  # its timed phase is over: the next candidate's process starts (after a
+                self.spares.top_up(lane_device)  # re-time's batch: pool.retime; not beside the next one's timing)
             clock.lane_wait_s = gate.waited_s() if gate else 0.0
             if baselines is not None:
                 t0 = time.monotonic()

@@ -12,9 +12,8 @@ reused by every evaluation on that lane until the host drifts: the parent's host
 probe (worker/host_speed.py) runs more than SLACK off its speed at the baseline's time, or the
 baseline was itself taken on a slow host, once it is MIN_AGE_S old; or it is MAX_AGE_S old. Why: the lane is the
 shared resource, and the baselines took a quarter to a third of a candidate's time in it
-(CPU, measured: 0.34 s of 1.34 s; a GPU times them eagerly only, the kernel also by graph
-replay); and candidates timed on one lane now share one baseline timing, so their speedups
-compare as their times do.
+(CPU, measured: 0.34 s of 1.34 s); and candidates timed on one lane now share one baseline
+timing, so their speedups compare as their times do.
 """
 
 from __future__ import annotations
@@ -112,9 +111,8 @@ class LocalPool:
 
     def retime(self, jobs: Sequence[PoolJob], progress: Optional[ProgressSink] = None,
                stop: Optional[threading.Event] = None) -> list[EvalResult]:
-        """All on lane 0, held for the whole batch; compiled at once, timed back to back in order. Timing
-        only: no judge (each kernel was judged when first evaluated; search/accept.py lets no re-time
-        make a kernel faster than its judged timing)."""
+        """All on lane 0, held for the whole batch, timed back to back in order; timing only (search/accept.py
+        floors a re-time by the judged timing). The lane's spares are topped up after the batch, not beside it."""
         lane = self.lane_list[0]
         base = self._baseline(lane)
         waits.all_done([base])  # before the lane is held: the baseline job times in it too
@@ -130,6 +128,8 @@ class LocalPool:
         finally:
             stop.set()
             lane.release(token)
+            if self.evaluator.spares:
+                self.evaluator.spares.top_up(lane.device)
 
     def _one(self, job: PoolJob, fixed, stop: threading.Event, sink: Optional[ProgressSink]) -> EvalResult:
         alone = False  # the only evaluation on its lane as it starts: its judges may split its cases (judges.py)
