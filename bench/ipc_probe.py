@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from referee_rtt import spread  # bench/ is the script's own folder, first on sys.path
+
 ROOT = Path(__file__).resolve().parents[1]
 
 LAUNCHER = r'''
@@ -77,11 +79,6 @@ for _ in range(200):
     times.append(a.elapsed_time(b) * 1e3)
 os.write(w, f"T {statistics.median(times)}\n".encode())
 '''
-
-
-def spread(xs: list[float]) -> str:
-    q = statistics.quantiles(xs, n=10)
-    return f"{statistics.median(xs):8.1f} ({q[0]:.1f}-{q[-1]:.1f})"
 
 
 def main() -> None:
