@@ -23,7 +23,7 @@ BUILDER = "optagent.app.build"
 # Floor 0 holds the records and contracts both sides of the process boundary share; worker/ is the child
 # side (the untrusted candidate and the trusted judge); everything above it runs in the orchestrator.
 FLOORS: list[set[str]] = [
-    {"enums", "schema", "settings", "secret_env", "integrity", "messages", "timer_records", "task", "protocols",
+    {"enums", "schema", "settings", "secret_env", "integrity", "messages", "timer_records", "task", "protocols", "native_copy",
      "progress", "waits", "cache", "costs", "kernel_facts", "profile_facts", "ranking", "text", "contract", "job_channel",
      ""},
     {"worker"},

@@ -23,6 +23,7 @@ from typing import Callable, Optional
 
 from optagent.cache import cache_root
 from optagent.messages import NativeTimerSpec
+from optagent.native_copy import NotTheBuild, checked_copy
 from optagent.settings import settings
 
 SOURCE = Path(__file__).resolve().parents[1] / "worker" / "native" / "timer.c"
@@ -96,22 +97,13 @@ def referee_clock(root: Optional[Path] = None) -> Optional[Callable[[int, int, i
         return None
     with _lock:
         if spec.sha256 not in _clock:
-            data = Path(spec.path).read_bytes()
-            if hashlib.sha256(data).hexdigest() != spec.sha256:
-                return None
             try:
-                fd = os.memfd_create("optagent_referee_clock")
-            except OSError:
+                with checked_copy(spec.path, spec.sha256, "optagent_referee_clock") as copy:
+                    if copy is None:
+                        return None
+                    fn = ctypes.CDLL(copy).optagent_referee_clock  # dlopen maps it: the memory file may go
+            except (OSError, AttributeError, NotTheBuild):
                 return None
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                fn = ctypes.CDLL(f"/proc/self/fd/{fd}").optagent_referee_clock  # dlopen maps it: the fd may go
-            except (OSError, AttributeError):
-                return None
-            finally:
-                os.close(fd)
             fn.argtypes, fn.restype = [ctypes.c_int] * 4, ctypes.c_int
             _clock[spec.sha256] = fn
         return _clock[spec.sha256]

@@ -13,13 +13,10 @@ records (evaluation/timer_check.py), which never pass through Python.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.machinery
 import importlib.util
-import os
 import random
 import time
-from pathlib import Path
 from types import ModuleType
 from typing import Callable, Optional
 
@@ -27,6 +24,7 @@ import torch
 
 from optagent.enums import TimerKind
 from optagent.messages import Job, NativeTimerSpec
+from optagent.native_copy import checked_copy
 from optagent.schema import Device
 from optagent.timer_records import LoopKind
 from optagent.worker import bench
@@ -38,27 +36,13 @@ MODULE = "_optagent_timer"
 def load_native(spec: NativeTimerSpec, job: Job, secret_fd: int, report_fd: int) -> ModuleType:
     """The parent's build, checked and loaded from a private copy (memfd): a file the candidate can
     write is read once, hashed, and never opened again."""
-    data = Path(spec.path).read_bytes()
-    if hashlib.sha256(data).hexdigest() != spec.sha256:
-        raise RuntimeError(f"{spec.path}: not the native timer the parent built (its sha256 differs)")
-    path, fd = spec.path, None
-    try:
-        fd = os.memfd_create("optagent_timer")
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        path = f"/proc/self/fd/{fd}"
-    except (AttributeError, OSError):
-        pass
-    try:
+    with checked_copy(spec.path, spec.sha256, "optagent_timer") as copy:
+        path = copy or spec.path  # no memory file: the path itself, just checked
         loader = importlib.machinery.ExtensionFileLoader(MODULE, path)
         found = importlib.util.spec_from_file_location(MODULE, path, loader=loader)
         assert found is not None
         module = importlib.util.module_from_spec(found)
         loader.exec_module(module)
-    finally:
-        if fd is not None:
-            os.close(fd)
     t = job.timing
     module.init(secret_fd, report_fd, job.device is Device.CUDA, t.min_iters, t.max_iters, t.warmup, t.budget_s)
     return module
