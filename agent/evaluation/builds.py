@@ -21,10 +21,11 @@ import threading
 from pathlib import Path
 from typing import Optional
 
+from optagent.evaluation.safe_files import open_dir, open_regular
+
 CACHE = ".triton"  # the candidate's TRITON_CACHE_DIR in its scratch directory (isolation.worker_env)
 MAX_BYTES = 256 << 20
 MOST = 32
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class Builds:
@@ -38,7 +39,7 @@ class Builds:
             return
         tmp = self.root / f".new-{sha}-{threading.get_ident()}"
         try:
-            src = os.open(CACHE, _DIR, dir_fd=scratch_fd)
+            src = open_dir(Path(CACHE), scratch_fd)
         except OSError:
             return  # nothing compiled there (or not a directory)
         try:
@@ -90,17 +91,16 @@ def _copy_regular(src_fd: int, dst: Path, budget: list[int], depth: int) -> None
     for entry in os.scandir(src_fd):
         mode = entry.stat(follow_symlinks=False).st_mode
         if stat.S_ISDIR(mode) and depth > 0:
-            sub = os.open(entry.name, _DIR, dir_fd=src_fd)
+            sub = open_dir(Path(entry.name), src_fd)
             try:
                 (dst / entry.name).mkdir()
                 _copy_regular(sub, dst / entry.name, budget, depth - 1)
             finally:
                 os.close(sub)
         elif stat.S_ISREG(mode):
-            fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=src_fd)
-            with os.fdopen(fd, "rb") as f:
+            with os.fdopen(open_regular(src_fd, entry.name), "rb") as f:  # UnsafeFile (an OSError): not kept
                 size = os.fstat(f.fileno()).st_size
-                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode) or size > budget[0]:
-                    raise OSError(f"{entry.name}: not kept (not a regular file, or over the store's limit)")
+                if size > budget[0]:
+                    raise OSError(f"{entry.name}: not kept (over the store's limit)")
                 budget[0] -= size
                 (dst / entry.name).write_bytes(f.read(size))
