@@ -14,7 +14,8 @@ import hashlib
 
 import torch
 
-CHUNK = 1 << 22  # words (elements, for checksum) per pass: a multi-GiB KV cache needs no int64 copy of itself
+CHUNK = 1 << 24  # elements per pass (checksum): a multi-GiB KV cache needs no int64 copy of itself
+DIGEST_CHUNK = 1 << 22  # words per pass of the digest, whose two lanes hold four int64 copies of a pass
 
 
 def _signed(v: int) -> int:
@@ -70,8 +71,8 @@ def outputs_digest(outputs: dict) -> str:
             h.update(words.numpy().tobytes())
             continue
         sums = torch.zeros(len(_LANES), dtype=torch.int64, device=t.device)
-        for s in range(0, words.numel(), CHUNK):
-            sums += _mixed(words[s:s + CHUNK], s)
+        for s in range(0, words.numel(), DIGEST_CHUNK):
+            sums += _mixed(words[s:s + DIGEST_CHUNK], s)
         h.update(":".join(str(v % (1 << 64)) for v in sums.tolist()).encode())
     return h.hexdigest()
 

@@ -1,0 +1,43 @@
+"""The digests the judge compares (worker/digests.py): every byte counts, in place, and a pass's split does not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from optagent.worker import digests
+
+
+def test_the_mixed_sums_do_not_depend_on_how_the_words_are_split_into_passes():
+    words = digests._words(torch.randn(1000, 37).to(torch.bfloat16))
+    whole = digests._mixed(words, 0)
+    assert torch.equal(whole, digests._mixed(words[:123], 0) + digests._mixed(words[123:], 123))
+
+
+def test_a_flipped_bit_or_moved_words_change_the_mixed_sums():
+    words = digests._words(torch.arange(4096, dtype=torch.int64))
+    flipped = words.clone()
+    flipped[2000] ^= 1
+    swapped = words.clone()
+    swapped[[10, 11]] = swapped[[11, 10]]
+    base = digests._mixed(words, 0)
+    assert not torch.equal(base, digests._mixed(flipped, 0)) and not torch.equal(base, digests._mixed(swapped, 0))
+
+
+def test_a_digest_names_every_tensor_and_byte():
+    a, b = torch.randn(7, 3), torch.arange(5, dtype=torch.int8)
+    d = digests.outputs_digest({0: a, 2: b})
+    assert d == digests.outputs_digest({0: a.clone(), 2: b.clone()}) and len(d) == 64
+    assert d != digests.outputs_digest({0: a, 3: b})  # another argument
+    changed = b.clone()
+    changed[4] += 1
+    assert d != digests.outputs_digest({0: a, 2: changed})
+
+
+@pytest.mark.gpu
+def test_the_device_digest_over_several_passes_is_steady_and_sees_the_last_word():
+    t = torch.randn(3 * digests.DIGEST_CHUNK + 5, device="cuda")
+    one = digests.outputs_digest({0: t})
+    assert one == digests.outputs_digest({0: t.clone()})
+    t[-1] += 1
+    assert one != digests.outputs_digest({0: t})
