@@ -9,7 +9,8 @@ the judge run in this process under cProfile instead of in its sandboxed worker,
 show. A bench, never a run's path: the judge here is outside its sandbox (it loads no candidate code;
 the saved outputs are read as torch.load(weights_only=True) reads them there).
 
---candidate profiles the candidate process's work instead: the harness (worker/candidate.py) runs the
+--retime profiles a re-time of the kernel instead of its second evaluation (evaluate_on(judge=False):
+timing only, no judge). --candidate profiles the candidate process's work instead: the harness (worker/candidate.py) runs the
 kernel in this process under cProfile, with the Python timer and no guard, so only for kernels that are
 trusted (the package's starters); its verdict means nothing, its hot spots are the point.
 """
@@ -104,6 +105,8 @@ def main() -> None:
     p.add_argument("--language", default="triton")
     p.add_argument("--top", type=int, default=40)
     p.add_argument("--candidate", action="store_true", help="profile the candidate's harness, not the judge")
+    p.add_argument("--retime", action="store_true", help="profile a re-time of the kernel (timing only, no judge)"
+                   " instead of its second evaluation: with --candidate, its harness")
     a = p.parse_args()
     if a.candidate:
         os.environ["OPTAGENT_TIMER"] = "python"  # the harness runs here: no native timer's descriptors
@@ -122,9 +125,10 @@ def main() -> None:
     else:
         evaluator_mod.SandboxEvaluator._judge = judge_in_process(a.top, keep)
     t0 = time.monotonic()
-    second = ev.evaluate(source, lang, progress=lambda e: events.append((time.monotonic(), e)))
+    second = ev.evaluate_on(source, lang, progress=lambda e: events.append((time.monotonic(), e)),
+                            judge=not a.retime)
     wall = time.monotonic() - t0
-    print(f"profiled evaluation: {second.status.value} in {wall:.1f} s; costs {second.costs}")
+    print(f"profiled {'re-time' if a.retime else 'evaluation'}: {second.status.value} in {wall:.1f} s; costs {second.costs}")
     spans: dict[tuple[str, Optional[str]], float] = defaultdict(float)
     for (t, e), (t_next, _) in zip(events, events[1:] + [(t0 + wall, None)]):
         spans[(e.phase.value, e.case)] += t_next - t

@@ -16,10 +16,15 @@ run (under bubblewrap's namespaces, as evaluation/isolation.py wraps a worker) a
   and times it to the launcher's "done";
 - after each kernel request the referee checks the output against its own computation (an output
   the launcher left unwritten, or wrote late, would differ);
-- the launcher also times the same call with CUDA events, as the harness's timer does.
+- the launcher also times the same call with CUDA events, as the harness's timer does, and tells that
+  time after the window: each request's window less its own call's events is the overhead a referee
+  would have to subtract, and its spread is the referee's resolution;
+- a primed request (pe, pk) first asks the launcher, untimed, for a trivial op in its own context after
+  the referee's redraw and flush: whether the GPU's switch between the two contexts can be kept out of
+  the timed window.
 
-Printed: whether IPC opened under the isolation, the round trip of empty and kernel requests (median
-and 10-90%), their difference against the events' median, and how many outputs were wrong.
+Printed: whether IPC opened under the isolation, and per kind the window, the events and the window
+less the events (median and 10-90%), and how many outputs were wrong.
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ import argparse
 import ctypes
 import os
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -63,21 +67,25 @@ for h in handles:
         sys.exit(1)
     tensors.append(torch.as_tensor(View(ptr.value, n), device="cuda"))
 x, y = tensors
+scratch = torch.empty(1, device="cuda")
 os.write(w, b"R\n")
 while True:
     q = os.read(r, 1)
     if not q or q == b"q":
         break
+    if q == b"p":  # a prime: this context's switch-in, paid before the timed request
+        scratch.zero_()
+        torch.cuda.synchronize()
+        os.write(w, b"d")
+        continue
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
     if q == b"k":
         torch.mul(x, 2, out=y).add_(1)
+    b.record()
     torch.cuda.synchronize()
     os.write(w, b"d")
-times = []
-for _ in range(200):
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record(); torch.mul(x, 2, out=y).add_(1); b.record(); b.synchronize()
-    times.append(a.elapsed_time(b) * 1e3)
-os.write(w, f"T {statistics.median(times)}\n".encode())
+    os.write(w, f"{a.elapsed_time(b) * 1e3:.2f}\n".encode())  # after the window: the call's own events
 '''
 
 
@@ -139,29 +147,40 @@ def main() -> None:
     if hello != "R":
         child.wait(30)
         return
-    kinds = [b"e", b"k"] * (a.requests // 2)
+    # e: empty, k: kernel, each right after the referee's redraw and flush; pe, pk: the same after a prime
+    # (the launcher's context switched in, untimed, after that redraw and flush)
+    kinds = ["e", "k", "pe", "pk"] * (a.requests // 4)
     random.shuffle(kinds)
-    rtt: dict[bytes, list[float]] = {b"e": [], b"k": []}
+    rtt: dict[str, list[float]] = {k: [] for k in ("e", "k", "pe", "pk")}
+    over: dict[str, list[float]] = {k: [] for k in rtt}  # window less the call's own events
+    events: dict[str, list[float]] = {k: [] for k in rtt}
     wrong = 0
     for kind in kinds:
         x.copy_(base.roll(random.randrange(1, n)))  # the referee's redraw, in its own context
         flush.zero_()
         y.fill_(float("nan"))
         torch.cuda.synchronize()
+        if kind.startswith("p"):
+            os.write(q_w, b"p")
+            assert reader.read(1) == b"d"
         t0 = time.perf_counter()
-        os.write(q_w, kind)
+        os.write(q_w, kind[-1].encode())
         assert reader.read(1) == b"d"
-        rtt[kind].append((time.perf_counter() - t0) * 1e6)
-        if kind == b"k" and not torch.equal(y, x * 2 + 1):
+        window = (time.perf_counter() - t0) * 1e6
+        ev = float(line())
+        rtt[kind].append(window)
+        events[kind].append(ev)
+        over[kind].append(window - ev)
+        if kind.endswith("k") and not torch.equal(y, x * 2 + 1):
             wrong += 1
     os.write(q_w, b"q")
-    events = line()
     child.wait(60)
-    est = statistics.median(rtt[b"k"]) - statistics.median(rtt[b"e"])
-    print(f"{'elements':>10} {'empty us (10-90%)':>24} {'kernel us (10-90%)':>24} {'kernel-empty':>12} {'events':>10} wrong")
-    print(f"{n:>10} {spread(rtt[b'e']):>24} {spread(rtt[b'k']):>24} {est:12.1f} {events.split()[-1]:>10} "
-          f"{wrong}/{len(rtt[b'k'])}", flush=True)
-
+    print(f"{'elements':>10} {'kind':>4} {'window us (10-90%)':>24} {'events us (10-90%)':>24} "
+          f"{'window-events (10-90%)':>26} wrong")
+    for kind in rtt:
+        bad = f"{wrong}/{len(rtt['k']) + len(rtt['pk'])}" if kind == "pk" else ""
+        print(f"{n:>10} {kind:>4} {spread(rtt[kind]):>24} {spread(events[kind]):>24} {spread(over[kind]):>26} {bad}",
+              flush=True)
 
 if __name__ == "__main__":
     main()
