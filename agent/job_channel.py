@@ -13,6 +13,11 @@ import json
 import os
 import socket
 
+# The one byte a warm worker writes on its socket once its start-up is over (worker/__main__.py warm_up), before
+# it reads any job: the parent holds a lane's timed phases until the processes starting on it are warm
+# (warm_worker.Spares.settle). Only the harness's code has run when it is written; a later byte, or the socket's
+# end, says no more than that the start-up is over.
+WARM = b"w"
 FDS_PER_MESSAGE = 200  # under the kernel's SCM_MAX_FD (253) per message
 MAX_FDS = 4096
 

@@ -220,3 +220,54 @@ def test_spares_start_once_a_candidates_process_has_ended_never_before(task_dir,
         _ready(pool, 2, ask=False)  # as many as the lane keeps, started by the pool itself
     finally:
         pool.close()
+
+
+def test_a_timed_phase_waits_for_the_processes_still_starting_for_its_lane(task_dir, monkeypatch):
+    """A spare's start-up (torch imported, a GPU context made) beside a timed phase slows the timing: on the H200 a
+    re-time's second process, still importing beside the first kernel's timing, made 20 of its 32 loops run again
+    after a slow host. A lane is granted only once every process started for it (spares, taken or not, and their
+    judges) has said its start-up is over (warm_worker.Spares.settle, lanes.Lane.acquire)."""
+    Watched(monkeypatch)
+    made: list[warm_worker.WarmWorker] = []
+    real_init = warm_worker.WarmWorker.__init__
+
+    def init(self, *a, **k):
+        real_init(self, *a, **k)
+        made.append(self)
+    monkeypatch.setattr(warm_worker.WarmWorker, "__init__", init)
+    pool, source = _pool(task_dir)
+    try:
+        _ready(pool, 2)  # two spares and their judges spawned just now: importing torch still
+        started = time.monotonic()
+        (_, result), = pool.evaluate([PoolJob(1, source, Language.TRITON)])
+        assert result.status is Status.PASSED, result.reason
+        holds = pool.lane_list[0].holds  # the baseline job's timed phase, then the candidate's
+        assert len(holds) == 2
+        before = [w for w in made if w.spawned.start < started]
+        assert len(before) >= 6, len(before)  # two spares, each with its two judges
+        for hold in holds:
+            assert all(w.warm_at is not None and w.warm_at <= hold.granted for w in before), \
+                [(w.spawned.job.mode, w.warm_at, hold.granted) for w in before]
+        # the first grant waited for them: the baseline job's process is cold, but not as slow as three at once
+        assert holds[0].granted - started > 0.5
+    finally:
+        pool.close()
+
+
+def test_a_warm_worker_says_when_its_start_up_is_over(task_dir, monkeypatch):
+    """The WARM byte comes once warm_up() is over, with the process still waiting for its job; warm() hears it,
+    and settle() then has nothing to wait for."""
+    Watched(monkeypatch)
+    pool, _ = _pool(task_dir)
+    try:
+        spares = pool.evaluator.spares
+        _ready(pool, 1)
+        worker = spares._ready[None][0]
+        assert not worker.warm(0)  # python, torch and the harness take longer than this to import
+        assert worker.warm(60) and worker.warm_at is not None
+        assert worker.spawned.proc.poll() is None  # warm, and waiting for its job: the byte was not its end
+        spares.settle(None, 60)
+        assert spares.settle(None, 60) < 0.5  # every process started for the lane is warm now
+        assert all(w.warm(0) for ready in spares._ready.values() for w in ready)
+    finally:
+        pool.close()

@@ -14,8 +14,9 @@ import secrets
 import sys
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from optagent.cache import cache_root, write_json
 from optagent.integrity import python_syntax_error, static_verdict
@@ -27,7 +28,7 @@ from optagent.evaluation.builds import Builds
 from optagent.evaluation.cases import derived_smoke, select_cases
 from optagent.evaluation.cost_clock import CostClock
 from optagent.evaluation.judges import SIDE_BY_SIDE, Judges
-from optagent.evaluation.lanes import Control
+from optagent.evaluation.lanes import Control, Lane
 from optagent.evaluation.limits import limits_for, record
 from optagent.evaluation.native_build import native_timer
 from optagent.evaluation.profiler import Profiler
@@ -78,12 +79,15 @@ class SandboxEvaluator:
         self._judged = False  # no judge has run yet: the first runs alone (it measures the GPU's ceilings)
         self.builds = Builds(scratch_base(scratch_root) / "builds")  # passed kernels' own compiled code (builds.py)
 
-    def keep_spares(self, per_device: int) -> None:
-        """A run's pool: candidate processes started before their candidates, per lane device (warm_worker.py)."""
+    def keep_spares(self, per_device: int, lanes: Sequence[Lane] = ()) -> None:
+        """A run's pool: candidate processes started before their candidates, per lane device (warm_worker.py);
+        each of `lanes` then holds its timed phases until the processes starting for it are warm (Lane.settle)."""
         if per_device > 0 and warm_worker.available(self.device) and self.spares is None:
             self.spares = Spares(lambda: self._job("candidate", *new_scratch(self.scratch_root), timer=native_timer()),
                                  self.timeout_s, per_device,
                                  lambda job, control: Judges(self._judge_job(job), SIDE_BY_SIDE, self.timeout_s, control))
+        for lane in lanes if self.spares is not None else ():
+            lane.settle = partial(self.spares.settle, lane.device)
 
     @staticmethod
     def _judge_job(job: Job) -> Job:

@@ -21,10 +21,13 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Hashable, Optional
+from typing import Callable, Hashable, Optional
 
 from optagent.messages import LaneReleased, LaneWanted, Message
 from optagent.settings import LANE_FD_ENV
+
+
+SETTLE_S = 10.0  # at most this long a granted lane waits for start-ups on it to end (Lane.settle); ~5 s each on the H200
 
 
 class Stopped(Exception):
@@ -50,12 +53,16 @@ class Lane:
         self._cond = threading.Condition()
         self._queue: deque = deque()
         self._holder: Optional[Hold] = None
+        # waits (at most the seconds given) until no process is starting up for this lane, so that none does
+        # beside a timed phase: set by a pool that starts processes ahead (warm_worker.Spares.settle)
+        self.settle: Optional[Callable[[float], float]] = None
 
     def _turn(self, who: Hashable) -> bool:
         return self._queue[0] == who
 
     def acquire(self, who: Hashable) -> bool:
-        """Blocks until `who` holds the lane; False when `who` was cancelled meanwhile."""
+        """Blocks until `who` holds the lane, and no process is starting for it (settle); False when `who` was
+        cancelled meanwhile."""
         with self._cond:
             self._queue.append(who)
             while who in self._queue and (self._holder is not None or not self._turn(who)):
@@ -63,9 +70,14 @@ class Lane:
             if who not in self._queue:
                 return False
             self._queue.remove(who)
-            self._holder = Hold(who, time.monotonic())
-            self.holds.append(self._holder)
-            return True
+            self._holder = hold = Hold(who, time.monotonic())
+            self.holds.append(hold)
+        if self.settle is not None:  # held: no one else times while the processes starting for it finish
+            self.settle(SETTLE_S)
+            with self._cond:
+                if self._holder is hold:  # not released meanwhile (its process ended): its turn starts now
+                    hold.granted = time.monotonic()
+        return True
 
     def release(self, who: Hashable) -> None:
         with self._cond:
@@ -91,6 +103,7 @@ class OrderedLane(Lane):
 
     def __init__(self, base: Lane, order: list[Hashable]):
         super().__init__(base.index, base.device, base.holds)
+        self.settle = base.settle
         self.order, self.finished = list(order), set()
 
     def _turn(self, who: Hashable) -> bool:

@@ -85,8 +85,8 @@ class LocalPool:
         self._crowd = Crowd()
         self.alone_runs = 0  # evaluations run again alone after a verdict company can cause (crowded)
         # as many candidate processes started ahead on each lane as evaluations may run on it at once (a re-time's
-        # two included), their start-up paid while the planner thinks (evaluation/warm_worker.py)
-        evaluator.keep_spares(max(2, -(-self.jobs // self.lanes)) if (spares := settings().spares) is None else spares)
+        # two included), their start-up paid while the planner thinks, never beside a timed phase (warm_worker.py)
+        evaluator.keep_spares(max(2, -(-self.jobs // self.lanes)) if (n := settings().spares) is None else n, self.lane_list)
 
     @property
     def planned_isolation(self):

@@ -23,6 +23,7 @@ reaches the next (under bubblewrap a candidate cannot see the spare that waits b
 from __future__ import annotations
 
 import queue
+import select
 import socket
 import threading
 import time
@@ -53,7 +54,10 @@ class WarmWorker:
         self.timeout_s = timeout_s
         self.companions: Optional[Companions] = None  # a spare's judges (Spares)
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock = parent
+        self.sock = parent  # the job goes out on it; job_channel.WARM comes back once the start-up is over
+        self._warm = threading.Event()
+        self.warm_at: Optional[float] = None  # when the parent heard its start-up was over (tests, bench/)
+        self._sock_lock = threading.Lock()  # warm() reads the socket from a lane's thread; run() closes it
         child_fd = child.detach()  # spawn() passes it to the worker and closes it here
         try:
             self.spawned: Spawned = spawn(template, child_fd, f"sock:{child_fd}", timeout_s, control, (),
@@ -87,23 +91,57 @@ class WarmWorker:
             fds = [*fds, *gate.fds]
             job = job.model_copy(update={"gate_fd": gate.fds[0] if gate.fds else None})
         try:
-            job_channel.send(self.sock, job.model_dump_json().encode(), fds)
+            job_channel.send(self.sock, job.model_dump_json().encode(), fds)  # shut for writing: the job's end
         except OSError:
             pass  # it died while it waited: collect() says how
         finally:
-            self.sock.close()
             if gate is not None:
                 gate.spawned()  # the worker holds the gate's end now (or is gone): ours is closed
-        return collect(self.spawned, job, self.timeout_s, on_message, since)
+        try:
+            return collect(self.spawned, job, self.timeout_s, on_message, since)
+        finally:
+            self._close()  # open till now: a lane's settle() may still wait for this worker's start-up
+
+    def warm(self, timeout_s: float) -> bool:
+        """Whether its start-up is over: it wrote job_channel.WARM (or ended, or was taken down); waits up to
+        timeout_s for it, in short slices so that run() can close the socket meanwhile."""
+        deadline = time.monotonic() + timeout_s
+        while not self._warm.is_set():
+            slice_s = max(0.0, min(0.05, deadline - time.monotonic()))
+            with self._sock_lock:
+                if not self._warm.is_set():
+                    try:
+                        heard = bool(select.select([self.sock], [], [], slice_s)[0])
+                    except (OSError, ValueError):  # closed
+                        heard = True
+                    if heard:
+                        try:
+                            self.sock.recv(1)  # WARM, or b"" when the worker has closed its end (ended, or has its job)
+                        except OSError:
+                            pass
+                        self.warm_at = time.monotonic()
+                        self._warm.set()
+            if time.monotonic() >= deadline:
+                break
+        return self._warm.is_set()
+
+    def _close(self) -> None:
+        with self._sock_lock:
+            if self.warm_at is None:
+                self.warm_at = time.monotonic()
+            self._warm.set()  # nothing more to wait for
+            self.sock.close()
 
     def abandon(self) -> None:
         """Not needed (or the evaluation ended otherwise): taken down, nothing sent."""
-        self.sock.close()
+        self._close()
         self.spawned.abandon()
 
 
 class Companions(Protocol):
     """What a spare starts beside its candidate process (its judges: evaluation/judges.py)."""
+
+    workers: list[WarmWorker]
 
     def abandon(self) -> None: ...
 
@@ -130,6 +168,8 @@ class Spares:
         self._ready: dict[Optional[str], list[WarmWorker]] = {}
         self._count: dict[Optional[str], int] = {}  # ready or starting, per device
         self._wanted: queue.Queue = queue.Queue()
+        self._starting: dict[Optional[str], list[WarmWorker]] = {}  # per device: spares and companions, taken or
+        # not, whose start-up may not be over (settle)
         self._lock = threading.Lock()
         self._closed = False
         self.started = self.taken = 0  # for tests and bench/
@@ -168,10 +208,40 @@ class Spares:
                     self._count[device] -= 1
                 else:
                     self._ready.setdefault(device, []).append(worker)
+                    self._starting.setdefault(device, []).extend(
+                        [worker, *(worker.companions.workers if worker.companions is not None else [])])
                     self.started += 1
                     continue
             if worker is not None:
                 _discard(worker)
+
+    def settle(self, device: Optional[str], max_s: float) -> float:
+        """Wait until no process started for `device`'s lane (a spare, taken or not, or its judges) is still
+        starting, or max_s; the seconds waited. A lane's holder calls it before its timed phase (lanes.Gate): a
+        start-up beside a timed phase is seconds of the host's cores and a GPU context made, and slowed the
+        timing (on the H200 a re-time's two kernels, the second's spare still importing beside the first's
+        timing: 20 of 32 loops timed again after a slow host, 2.8 s of timer loops a kernel against 1.4 s
+        in an evaluation). Spares still waiting to be spawned are waited for too."""
+        start = time.monotonic()
+        deadline = start + max_s
+        while True:
+            with self._lock:
+                queued = (self._count.get(device, 0) - len(self._ready.get(device, []))
+                          if not self._closed else 0)  # asked for, not spawned yet; taken ones count no more
+                listed = list(self._starting.get(device, []))
+            workers = [w for w in listed if not w.warm(0)]
+            with self._lock:
+                self._starting[device] = [w for w in self._starting.get(device, []) if w in workers or w not in listed]
+            if not workers and queued <= 0:
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            if workers:
+                workers[0].warm(left)
+            else:
+                time.sleep(min(0.05, left))
+        return time.monotonic() - start
 
     def take(self, device: Optional[str]) -> Optional[WarmWorker]:
         """A spare for a candidate on `device`'s lane, or None (none is ready: the caller starts a process)."""
