@@ -78,6 +78,18 @@ class Watched:
         monkeypatch.setattr(warm_worker.WarmWorker, "run", run)
 
 
+def _every_warm_worker(monkeypatch) -> list[warm_worker.WarmWorker]:
+    """Every warm worker started from now on (spares and their judges), in the order started."""
+    made: list[warm_worker.WarmWorker] = []
+    real_init = warm_worker.WarmWorker.__init__
+
+    def init(self, *a, **k):
+        real_init(self, *a, **k)
+        made.append(self)
+    monkeypatch.setattr(warm_worker.WarmWorker, "__init__", init)
+    return made
+
+
 def _pool(task_dir: Path) -> tuple[LocalPool, str]:
     task = load_task(task_dir)
     ev = SandboxEvaluator(task, "cpu", select_cases(task, "cpu", 0, None, hidden=False)[:1], timeout_s=120,
@@ -179,13 +191,7 @@ def test_a_pool_stopped_mid_evaluation_leaves_no_process_or_scratch_behind(task_
     import threading
 
     Watched(monkeypatch)
-    made: list[warm_worker.WarmWorker] = []
-    real_init = warm_worker.WarmWorker.__init__
-
-    def init(self, *a, **k):
-        real_init(self, *a, **k)
-        made.append(self)
-    monkeypatch.setattr(warm_worker.WarmWorker, "__init__", init)
+    made = _every_warm_worker(monkeypatch)
     pool, source = _pool(task_dir)
     hang = source.replace("def run_kernel(", "def run_kernel(*_a, **_k):\n    while True:\n        pass\n\n\ndef _unused(", 1)
     stop = threading.Event()
@@ -228,13 +234,7 @@ def test_a_timed_phase_waits_for_the_processes_still_starting_for_its_lane(task_
     after a slow host. A lane is granted only once every process started for it (spares, taken or not, and their
     judges) has said its start-up is over (warm_worker.Spares.settle, lanes.Lane.acquire)."""
     Watched(monkeypatch)
-    made: list[warm_worker.WarmWorker] = []
-    real_init = warm_worker.WarmWorker.__init__
-
-    def init(self, *a, **k):
-        real_init(self, *a, **k)
-        made.append(self)
-    monkeypatch.setattr(warm_worker.WarmWorker, "__init__", init)
+    made = _every_warm_worker(monkeypatch)
     pool, source = _pool(task_dir)
     try:
         _ready(pool, 2)  # two spares and their judges spawned just now: importing torch still

@@ -264,7 +264,10 @@ def refereed(job: Job) -> bool:
     work between calls (the inputs' redraw, the L2 flush, the outputs' digest, in the candidate's Python),
     0.5 to 9 ms a call of decode against kernels of 20 us to 2 ms, and that share differed by 10-50% between
     the baseline's process and a candidate's, so the referee's figure strayed from honest claims by 0.5-2x.
-    A GPU referee wants the redraw out of the candidate's process (the inputs in memory the referee writes)."""
+    A GPU referee wants the redraw out of the candidate's process (the inputs in memory the referee writes), and
+    even then a window from another process carries the GPU's switch between the two contexts: 215-225 us a
+    call with a ~100 us band on the H200, or, paid before the request, inside the candidate's own call
+    (bench/ipc_probe.py; docs/gpu.md)."""
     return job.mode in ("candidate", "baseline") and job.device is Device.CPU
 
 
