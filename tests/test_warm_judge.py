@@ -142,3 +142,17 @@ def test_warm_judges_are_a_gpus_under_bubblewrap(monkeypatch):
     assert not warm_worker.available(Device.CUDA)
     monkeypatch.setattr(isolation, "mechanism", lambda: Mechanism.BWRAP)
     assert warm_worker.available(Device.CUDA)
+
+
+def test_a_warm_worker_has_hashed_tritons_own_files_before_its_job_comes():
+    """Every Triton kernel's cache key starts with the hash of Triton's own files (libtriton read whole: 0.4 s of a
+    candidate's first compile on the H200); a warm worker computes it while it waits (worker/__main__.py warm_up)."""
+    import subprocess
+    import sys
+
+    code = ("from optagent.worker.__main__ import warm_up\nfrom triton.runtime.cache import triton_key\n"
+            "assert triton_key.cache_info().currsize == 0\nwarm_up()\nprint(triton_key.cache_info().currsize)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == "1"
