@@ -202,3 +202,44 @@ def test_a_lane_baseline_is_timed_again_for_drift_at_most_once_a_minute(monkeypa
     failed: Future = Future()
     failed.set_exception(RuntimeError("x"))
     assert "failed" in pool_module._stale(failed)
+
+
+class _Starting:
+    """A warm worker as Spares.settle sees one: warm once `at` has passed (never, for None)."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def warm(self, timeout_s: float) -> bool:
+        if self.at is not None and time.monotonic() + timeout_s >= self.at:
+            time.sleep(max(0.0, self.at - time.monotonic()))
+            return True
+        time.sleep(min(timeout_s, 0.05))
+        return False
+
+
+def test_a_lane_is_granted_once_its_starting_processes_are_warm_and_a_hung_one_is_waited_for_once():
+    from optagent.evaluation.warm_worker import Spares
+
+    spares = Spares(lambda: None, 1.0, 0)
+    try:
+        lane = Lane(0, None)
+        lane.settle = lambda s: spares.settle(None, min(s, 0.6))
+        soon = _Starting(time.monotonic() + 0.3)
+        spares._starting[None] = [soon]
+        t0 = time.monotonic()
+        assert lane.acquire("a")
+        assert 0.25 <= lane.holds[0].granted - t0 < 0.55  # granted once the starting process said it was warm
+        lane.release("a")
+        hung = _Starting(None)
+        spares._starting[None] = [hung]
+        t0 = time.monotonic()
+        assert lane.acquire("b")
+        assert lane.holds[1].granted - t0 >= 0.55  # waited the whole bound for it...
+        lane.release("b")
+        t0 = time.monotonic()
+        assert lane.acquire("c")
+        assert lane.holds[2].granted - t0 < 0.2  # ...and not again
+        lane.release("c")
+    finally:
+        spares.close()

@@ -217,11 +217,12 @@ class Spares:
 
     def settle(self, device: Optional[str], max_s: float) -> float:
         """Wait until no process started for `device`'s lane (a spare, taken or not, or its judges) is still
-        starting, or max_s; the seconds waited. A lane's holder calls it before its timed phase (lanes.Gate): a
+        starting, or max_s; the seconds waited. A lane calls it as it is granted (lanes.Lane.acquire): a
         start-up beside a timed phase is seconds of the host's cores and a GPU context made, and slowed the
         timing (on the H200 a re-time's two kernels, the second's spare still importing beside the first's
         timing: 20 of 32 loops timed again after a slow host, 2.8 s of timer loops a kernel against 1.4 s
-        in an evaluation). Spares still waiting to be spawned are waited for too."""
+        in an evaluation). Spares still waiting to be spawned are waited for too; a process that is still starting
+        after a whole max_s is not waited for again (a hung start-up must not hold every grant)."""
         start = time.monotonic()
         deadline = start + max_s
         while True:
@@ -235,7 +236,9 @@ class Spares:
             if not workers and queued <= 0:
                 break
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0:  # starting for max_s at least: stuck, or the host is; not waited for again
+                with self._lock:
+                    self._starting[device] = [w for w in self._starting.get(device, []) if w not in workers]
                 break
             if workers:
                 workers[0].warm(left)
