@@ -41,3 +41,20 @@ def test_the_device_digest_over_several_passes_is_steady_and_sees_the_last_word(
     assert one == digests.outputs_digest({0: t.clone()})
     t[-1] += 1
     assert one != digests.outputs_digest({0: t})
+
+
+@pytest.mark.parametrize("shape", [(7, 5, 3), (1, 9), (1, 1, 16), (1000, 128), (2, 1)])
+def test_the_in_place_redraw_is_the_judges_rebuild_bit_for_bit(shape):
+    """The harness redraws its inputs after every timed call into their own memory (harness.move_into, two slice
+    copies); the judge's rebuild of a call's inputs (harness.moved) must give the same bits for every seed."""
+    from optagent.worker.harness import move_into, moved
+
+    base = torch.randn(shape, dtype=torch.float32).to(torch.bfloat16)
+    for seed in range(20):
+        dst = torch.full_like(base, float("nan"))
+        move_into(dst, base, seed)
+        assert torch.equal(dst.view(torch.int16), moved(base, seed).contiguous().view(torch.int16)), (shape, seed)
+    strided = torch.randn(shape[::-1]).permute(*reversed(range(len(shape))))  # not contiguous: rolled, as before
+    dst = torch.empty_like(strided)
+    move_into(dst, strided, 3)
+    assert torch.equal(dst, moved(strided, 3))
