@@ -14,6 +14,12 @@ from pathlib import Path
 from optagent.settings import settings
 
 
+# A candidate's compiled kernels in its scratch directory, each folder kept once it passed and lent to the next
+# process that evaluates the same source (evaluation/builds.py): Triton's cache (TRITON_CACHE_DIR,
+# evaluation/isolation.py) and the CUDA backend's objects with their compiler facts (worker/backends/cuda.py).
+TRITON_BUILDS, CUDA_BUILDS = ".triton", ".cuda"
+
+
 def cache_root() -> Path:
     return settings().cache
 

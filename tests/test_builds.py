@@ -38,7 +38,7 @@ def test_kept_builds_are_regular_files_only_and_go_to_the_same_source(tmp_path):
         store.keep(SHA, fd)
     finally:
         os.close(fd)
-    kept = tmp_path / "store" / SHA / "k1"
+    kept = tmp_path / "store" / SHA / ".triton" / "k1"
     assert sorted(p.name for p in kept.iterdir()) == ["kernel.cubin", "launcher.so"]  # no link, no FIFO
     new = tmp_path / "next"
     new.mkdir()
@@ -92,4 +92,4 @@ def test_a_kernel_evaluated_again_starts_with_its_own_compiled_code(task_dir, tm
     second = ev.evaluate(source, Language.TRITON)
     assert second.status is Status.PASSED, second.reason
     newest = max(tmp_path.glob("eval-*"), key=lambda p: p.stat().st_mtime)
-    assert all((newest / ".triton" / p).is_file() for p in kept)
+    assert all((newest / p).is_file() for p in kept)

@@ -1,4 +1,5 @@
-"""A candidate's own compiled kernels (its Triton cache), kept by its source's sha256 for its next evaluation.
+"""A candidate's own compiled kernels (its Triton cache, its CUDA object), kept by its source's sha256 for its
+next evaluation.
 
 Each evaluation compiles in a cache of its own (isolation.worker_env): no kernel leaves a binary for another
 to load. A kernel evaluated again (a re-time beside a new candidate, an evaluation run again alone) would
@@ -7,7 +8,8 @@ candidate passed, the parent copies what its cache holds into a store no candida
 base, which bubblewrap hides; Landlock lets a candidate read it), under its source's sha256, and hands a copy
 to the next process that evaluates the same source, before any candidate code runs there. What the store
 holds was written by that candidate's own process, so it goes only to the same source: a kernel can plant
-nothing in it for another.
+nothing in it for another. A CUDA kernel's object is scanned again and linked by the process it is lent to
+(worker/backends/cuda.py): what its process may have rewritten meanwhile passes the same object scan.
 The parent copies regular files only (no link is followed, from a directory opened without following one),
 at most MAX_BYTES an entry; the store keeps the MOST newest entries.
 """
@@ -21,9 +23,9 @@ import threading
 from pathlib import Path
 from typing import Optional
 
+from optagent.cache import CUDA_BUILDS, TRITON_BUILDS
 from optagent.evaluation.safe_files import open_dir, open_regular
 
-CACHE = ".triton"  # the candidate's TRITON_CACHE_DIR in its scratch directory (isolation.worker_env)
 MAX_BYTES = 256 << 20
 MOST = 32
 
@@ -34,26 +36,34 @@ class Builds:
         self._lock = threading.Lock()
 
     def keep(self, sha: str, scratch_fd: Optional[int]) -> None:
-        """Copy the cache of the scratch directory (its descriptor, opened before any candidate ran) under sha."""
+        """Copy the build folders of the scratch directory (its descriptor, opened before any candidate ran) under
+        sha, one folder of the entry each."""
         if scratch_fd is None or not _is_sha(sha):
             return
         tmp = self.root / f".new-{sha}-{threading.get_ident()}"
-        try:
-            src = open_dir(Path(CACHE), scratch_fd)
-        except OSError:
-            return  # nothing compiled there (or not a directory)
+        budget, kept = [MAX_BYTES], False
         try:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
-            _copy_regular(src, tmp, [MAX_BYTES], depth=3)
-            with self._lock:
-                shutil.rmtree(self.root / sha, ignore_errors=True)
-                tmp.rename(self.root / sha)
-                self._trim()
+            for name in (TRITON_BUILDS, CUDA_BUILDS):
+                try:
+                    src = open_dir(Path(name), scratch_fd)
+                except OSError:
+                    continue  # nothing compiled there (or not a directory)
+                try:
+                    (tmp / name).mkdir()
+                    _copy_regular(src, tmp / name, budget, depth=3)
+                    kept = True
+                finally:
+                    os.close(src)
+            if kept:
+                with self._lock:
+                    shutil.rmtree(self.root / sha, ignore_errors=True)
+                    tmp.rename(self.root / sha)
+                    self._trim()
         except OSError:
             pass  # a store that cannot be written only costs the next evaluation its compile
         finally:
-            os.close(src)
             shutil.rmtree(tmp, ignore_errors=True)
 
     def lend(self, sha: str, scratch: Path) -> bool:
@@ -63,7 +73,10 @@ class Builds:
             return False
         try:
             with self._lock:
-                shutil.copytree(entry, scratch / CACHE, symlinks=True, dirs_exist_ok=True, copy_function=_copy_new)
+                for name in (TRITON_BUILDS, CUDA_BUILDS):
+                    if (entry / name).is_dir():
+                        shutil.copytree(entry / name, scratch / name, symlinks=True, dirs_exist_ok=True,
+                                        copy_function=_copy_new)
                 os.utime(entry)  # the newest: trimmed last
             return True
         except OSError:

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from optagent.cache import cache_root
+from optagent.cache import TRITON_BUILDS, cache_root
 from optagent.schema import Isolation, Mechanism
 from optagent.settings import CACHE_ENV, ISOLATION_ENV as ENV, EnvError, settings
 from optagent.worker import landlock
@@ -206,7 +206,7 @@ def worker_env(env: dict[str, str], mech: Mechanism, scratch: Path, trusted: boo
     # candidate's scratch directory, so its caches are elsewhere: a binary the candidate planted in
     # its own cache would otherwise compute the judge's reference.
     caches = cache_root() / "judge" if trusted else scratch
-    env.update(TRITON_CACHE_DIR=str(caches / ".triton"), CUDA_CACHE_PATH=str(caches / ".nv"),
+    env.update(TRITON_CACHE_DIR=str(caches / TRITON_BUILDS), CUDA_CACHE_PATH=str(caches / ".nv"),
                TILELANG_CACHE_DIR=str(caches / ".tilelang"))
     if mech is Mechanism.BWRAP:
         env.update(TMPDIR="/tmp", TILELANG_TMP_DIR="/tmp")

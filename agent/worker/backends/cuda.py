@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Sequence
 
-from optagent.cache import cache_root
+from optagent.cache import CUDA_BUILDS, cache_root
 from optagent.schema import Device, KernelFacts
 from optagent.settings import settings
 from optagent.worker.compiler_facts import parse_ptxas
@@ -135,11 +135,18 @@ class CudaBackend:
         if known is not None:
             self.library, self.kernel_facts = cached, known
             return
-        out = scratch / f"candidate-{key}.so"  # builds of different sources may share a scratch dir
+        out = scratch / CUDA_BUILDS / f"{key}.so"  # builds of different sources may share a scratch dir
+        out.parent.mkdir(exist_ok=True)
         if self._two_step():
             obj = out.with_suffix(".o")
-            self.kernel_facts = parse_ptxas(self._run(self._command(obj, source_path, arch, compile_only=True),
-                                                      scratch, source_path))
+            lent = _lent_facts(obj)
+            if lent is not None:  # this source's object, kept when it passed (evaluation/builds.py): no compile
+                self.kernel_facts = lent
+            else:
+                self.kernel_facts = parse_ptxas(self._run(self._command(obj, source_path, arch, compile_only=True),
+                                                          scratch, source_path))
+                _keep_facts(obj, self.kernel_facts)
+            # a lent object is scanned again: the process that compiled it ran the kernel after its scan
             why = scan_cuda_object(str(obj))
             if why:
                 raise Refused(why)
@@ -195,6 +202,24 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def _lent_facts(obj: Path) -> list[KernelFacts] | None:
+    """The compiler facts beside an object the store lent this scratch directory, or None (none lent)."""
+    try:
+        if not obj.is_file():
+            return None
+        return [KernelFacts.model_validate(f) for f in json.loads(obj.with_suffix(".facts.json").read_text())]
+    except (OSError, ValueError, TypeError):
+        return None  # no facts, or unreadable ones: compiled again
+
+
+def _keep_facts(obj: Path, facts: list[KernelFacts]) -> None:
+    """ptxas's facts beside the object, for the next process its build is lent to (it runs no ptxas)."""
+    try:
+        obj.with_suffix(".facts.json").write_text(json.dumps([f.model_dump(mode="json") for f in facts]))
+    except OSError:
+        pass  # the next evaluation compiles again
 
 
 def verified_build(library: Path, facts: Path) -> list[KernelFacts] | None:
