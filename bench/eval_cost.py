@@ -218,11 +218,12 @@ class Bench:
                                      "reason": r.reason})
                 row.setdefault("results", []).append(r)
             if retime and row.get("results") and row["results"][0].status.ok and self.left() > 0:
-                t0, mark = time.monotonic(), TAP.mark()
+                t0, mark, settled = time.monotonic(), TAP.mark(), pool.lane_list[0].settled_s
                 again = pool.retime([PoolJob(k, src, lang) for k, src in enumerate(sources[:2] * 2)][:2])
                 row["retime2_s"] = time.monotonic() - t0
                 row["retime2"] = {"timer": TAP.since(mark), "costs": [r.costs.model_dump() if r.costs else None
-                                                                       for r in again]}
+                                                                       for r in again],
+                                  "settle_s": pool.lane_list[0].settled_s - settled}
         finally:
             row["pool"] = {"baseline_runs": pool.baseline_runs, "spares_taken": spares_taken(pool),
                            "baseline_why": pool.baseline_why}
@@ -290,7 +291,8 @@ def print_row(row: dict) -> None:
         phases = [c for c in again["costs"] if c]
         print(f"    re-time of two: {row['retime2_s']:.1f} s; each " + "; ".join(
             ", ".join(f"{p} {c[p]:.2f}" for p in PHASES if c[p] >= 0.01) for c in phases)
-            + f"; timer loops {again['timer']['loops_s']:.2f} s", flush=True)
+            + f"; timer loops {again['timer']['loops_s']:.2f} s; the lane's wait for processes still starting "
+            f"{again.get('settle_s', 0.0):.2f} s", flush=True)
     for e in evals:
         if e["status"] != "PASSED":
             print(f"    {e['status']}: {(e['reason'] or '')[:200]}", flush=True)

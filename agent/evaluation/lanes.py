@@ -56,6 +56,7 @@ class Lane:
         # waits (at most the seconds given) until no process is starting up for this lane, so that none does
         # beside a timed phase: set by a pool that starts processes ahead (warm_worker.Spares.settle)
         self.settle: Optional[Callable[[float], float]] = None
+        self.settled_s = 0.0  # how long its grants waited for start-ups, in all (bench/eval_cost.py)
 
     def _turn(self, who: Hashable) -> bool:
         return self._queue[0] == who
@@ -73,8 +74,9 @@ class Lane:
             self._holder = hold = Hold(who, time.monotonic())
             self.holds.append(hold)
         if self.settle is not None:  # held: no one else times while the processes starting for it finish
-            self.settle(SETTLE_S)
+            waited = self.settle(SETTLE_S)
             with self._cond:
+                self.settled_s += waited
                 if self._holder is hold:  # not released meanwhile (its process ended): its turn starts now
                     hold.granted = time.monotonic()
         return True
