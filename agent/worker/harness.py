@@ -242,21 +242,25 @@ def float_bases(args: list, skip: set[int]) -> dict[int, torch.Tensor]:
             if i not in skip and isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel() > 1}
 
 
+def _roll(base: torch.Tensor, seed: int) -> tuple[int, int, Optional[int], int]:
+    """How moved() moves base: its (rows, last) view, the dimension of that view rolled (None: none) and by how much."""
+    last = base.shape[-1] if base.dim() else 1
+    rows = base.numel() // max(last, 1)
+    draw = random.Random(seed)
+    if rows > 1:
+        return rows, last, 0, draw.randrange(1, rows)
+    if last > 1:
+        return rows, last, 1, draw.randrange(1, last)
+    return rows, last, None, 0
+
+
 def moved(base: torch.Tensor, seed: int) -> torch.Tensor:
     """base's own values in other places, from seed alone: its rows (all but the last dimension, flattened)
     rolled by a seed-drawn amount, or, for a single row, its columns. Unlike fresh random numbers this
     keeps what the package made: the value grid, ties within a row, the range, each row whole."""
-    last = base.shape[-1] if base.dim() else 1
-    rows = base.numel() // max(last, 1)
-    draw = random.Random(seed)
+    rows, last, dim, k = _roll(base, seed)
     flat = base.reshape(rows, last)
-    if rows > 1:
-        out = flat.roll(draw.randrange(1, rows), dims=0)
-    elif last > 1:
-        out = flat.roll(draw.randrange(1, last), dims=1)
-    else:
-        out = flat
-    return out.reshape(base.shape)
+    return (flat if dim is None else flat.roll(k, dims=dim)).reshape(base.shape)
 
 
 def refresh_floats(args: list, seed: int, bases: dict[int, torch.Tensor]) -> None:
@@ -269,22 +273,13 @@ def refresh_floats(args: list, seed: int, bases: dict[int, torch.Tensor]) -> Non
 def move_into(dst: torch.Tensor, base: torch.Tensor, seed: int) -> None:
     """dst = moved(base, seed), bit for bit, as two slice copies: one pass over the memory instead of a rolled
     temporary and its copy (half the traffic of the harness's redraw after every timed call: GiBs of KV cache)."""
-    if not (dst.is_contiguous() and base.is_contiguous() and dst.shape == base.shape and dst.dim()):
+    rows, last, dim, k = _roll(base, seed)
+    if dim is None or not (dst.is_contiguous() and base.is_contiguous() and dst.shape == base.shape):
         dst.copy_(moved(base, seed))
         return
-    last = base.shape[-1]
-    rows = base.numel() // max(last, 1)
-    draw = random.Random(seed)  # the same draws as moved()
     src, out = base.view(rows, last), dst.view(rows, last)
-    if rows > 1:
-        k = draw.randrange(1, rows)
-        out[k:].copy_(src[:rows - k])
-        out[:k].copy_(src[rows - k:])
-    elif last > 1:
-        k = draw.randrange(1, last)
-        out[:, k:].copy_(src[:, :last - k])
-        out[:, :k].copy_(src[:, last - k:])
-    else:
-        dst.copy_(base)
+    n = src.shape[dim]
+    out.narrow(dim, k, n - k).copy_(src.narrow(dim, 0, n - k))
+    out.narrow(dim, 0, k).copy_(src.narrow(dim, n - k, k))
 
 
