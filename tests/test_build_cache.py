@@ -16,7 +16,7 @@ from optagent.cache import CUDA_BUILDS
 from optagent.evaluation.builds import Builds
 from optagent.schema import Device
 from optagent.worker.backends.base import Refused
-from optagent.worker.backends.cuda import CudaBackend, verified_build
+from optagent.worker.backends.cuda import CudaBackend, record_build, verified_build
 
 ROOT = Path(__file__).resolve().parents[1]
 ATTACKS = ROOT / "tests" / "attacks"
@@ -51,7 +51,8 @@ def test_a_passed_cuda_kernels_object_is_lent_scanned_again_and_linked_without_a
     """A CUDA kernel evaluated again (a re-time) compiled its source again: 1.6-2.4 s a kernel on the H200. Its
     object and ptxas's facts are kept with its Triton cache (evaluation/builds.py) and lent to the next process
     for the same source, which scans the object again (its first process ran the kernel after the scan) and only
-    links it; a lent object rewritten to call system() is refused as a compiled one would be."""
+    links it; a lent object rewritten to call system() is compiled again (its record's hash no longer holds) or,
+    with its record rewritten too, refused as a compiled one would be."""
     starter = ROOT / "tasks" / "flashattn_task_package" / "starter" / "decode_cuda.cu"
     first = CudaBackend(Device.CPU, None, 600)
     first.prepare(_copy(starter, tmp_path / "first"), tmp_path / "first")
@@ -73,13 +74,22 @@ def test_a_passed_cuda_kernels_object_is_lent_scanned_again_and_linked_without_a
     assert second.kernel_facts == first.kernel_facts and second.library.is_file()
 
     (obj,) = (tmp_path / "second" / CUDA_BUILDS).glob("*.o")
-    commands.clear()
     attack = _copy(ATTACKS / "cuda_system.cu", tmp_path / "attack")
     real_run(second, second._command(obj, attack, "-arch=sm_90", compile_only=True), tmp_path / "attack", attack)
-    third_src = _copy(starter, tmp_path / "third")
-    (tmp_path / "third" / CUDA_BUILDS).mkdir()
-    for f in (tmp_path / "second" / CUDA_BUILDS).iterdir():  # the rewritten object, lent as if kept
-        (tmp_path / "third" / CUDA_BUILDS / f.name).write_bytes(f.read_bytes())
+
+    def lent_to(name: str) -> Path:  # the second scratch's build folder, lent as if kept
+        src = _copy(starter, tmp_path / name)
+        (tmp_path / name / CUDA_BUILDS).mkdir()
+        for f in (tmp_path / "second" / CUDA_BUILDS).iterdir():
+            (tmp_path / name / CUDA_BUILDS / f.name).write_bytes(f.read_bytes())
+        return src
+
+    commands.clear()
+    stale = CudaBackend(Device.CPU, None, 600)
+    stale.prepare(lent_to("stale"), tmp_path / "stale")  # rewritten, its record not: compiled again from source
+    assert any("-c" in c for c in commands) and stale.kernel_facts == first.kernel_facts
+    record_build(obj, obj.with_suffix(".facts.json"), first.kernel_facts)  # its process rewrote the record too
+    commands.clear()
     with pytest.raises(Refused, match="system"):
-        CudaBackend(Device.CPU, None, 600).prepare(third_src, tmp_path / "third")
+        CudaBackend(Device.CPU, None, 600).prepare(lent_to("third"), tmp_path / "third")
     assert commands == []  # refused before any link

@@ -139,13 +139,16 @@ class CudaBackend:
         out.parent.mkdir(exist_ok=True)
         if self._two_step():
             obj = out.with_suffix(".o")
-            lent = _lent_facts(obj)
+            lent = verified_build(obj, obj.with_suffix(".facts.json"))
             if lent is not None:  # this source's object, kept when it passed (evaluation/builds.py): no compile
                 self.kernel_facts = lent
             else:
                 self.kernel_facts = parse_ptxas(self._run(self._command(obj, source_path, arch, compile_only=True),
                                                           scratch, source_path))
-                _keep_facts(obj, self.kernel_facts)
+                try:  # for the next process this build is lent to (it runs no ptxas)
+                    record_build(obj, obj.with_suffix(".facts.json"), self.kernel_facts)
+                except OSError:
+                    pass  # the next evaluation compiles again
             # a lent object is scanned again: the process that compiled it ran the kernel after its scan
             why = scan_cuda_object(str(obj))
             if why:
@@ -165,8 +168,7 @@ class CudaBackend:
             cached.parent.mkdir(parents=True, exist_ok=True)
             tmp = cached.with_suffix(f".{os.getpid()}.tmp")
             shutil.copyfile(out, tmp)
-            facts_file.write_text(json.dumps({"sha256": _sha256(tmp),
-                                              "facts": [f.model_dump(mode="json") for f in self.kernel_facts]}))
+            record_build(tmp, facts_file, self.kernel_facts)
             os.replace(tmp, cached)
         except OSError:  # a read-only cache: the build in scratch serves
             return
@@ -204,32 +206,21 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _lent_facts(obj: Path) -> list[KernelFacts] | None:
-    """The compiler facts beside an object the store lent this scratch directory, or None (none lent)."""
-    try:
-        if not obj.is_file():
-            return None
-        return [KernelFacts.model_validate(f) for f in json.loads(obj.with_suffix(".facts.json").read_text())]
-    except (OSError, ValueError, TypeError):
-        return None  # no facts, or unreadable ones: compiled again
-
-
-def _keep_facts(obj: Path, facts: list[KernelFacts]) -> None:
-    """ptxas's facts beside the object, for the next process its build is lent to (it runs no ptxas)."""
-    try:
-        obj.with_suffix(".facts.json").write_text(json.dumps([f.model_dump(mode="json") for f in facts]))
-    except OSError:
-        pass  # the next evaluation compiles again
+def record_build(library: Path, facts: Path, kernel_facts: list[KernelFacts]) -> None:
+    """ptxas's facts beside a build, with the sha256 verified_build() holds the build to."""
+    facts.write_text(json.dumps({"sha256": _sha256(library),
+                                 "facts": [f.model_dump(mode="json") for f in kernel_facts]}))
 
 
 def verified_build(library: Path, facts: Path) -> list[KernelFacts] | None:
-    """The cached build's facts if the library is the one that was built (its recorded sha256), else None."""
+    """The build's facts if the library (or object) is the one that was built (its recorded sha256), else None:
+    the trusted cache's, and a candidate's own object lent back to it (which its scan then checks again)."""
     try:
         record = json.loads(facts.read_text())
         if not isinstance(record, dict) or _sha256(library) != record.get("sha256"):
             return None  # planted, swapped, or cached before hashes were kept: built again
         return [KernelFacts.model_validate(f) for f in record.get("facts", [])]
-    except (OSError, ValueError):
+    except (OSError, ValueError, TypeError):
         return None
 
 
