@@ -231,14 +231,13 @@ class Spares:
                           if not self._closed else 0)  # asked for, not spawned yet; taken ones count no more
                 listed = list(self._starting.get(device, []))
             workers = [w for w in listed if not w.warm(0)]
-            with self._lock:
-                self._starting[device] = [w for w in self._starting.get(device, []) if w in workers or w not in listed]
-            if not workers and queued <= 0:
-                break
             left = deadline - time.monotonic()
-            if left <= 0:  # starting for max_s at least: stuck, or the host is; not waited for again
-                with self._lock:
-                    self._starting[device] = [w for w in self._starting.get(device, []) if w not in workers]
+            # not waited for again: the warm ones, and, once max_s is spent, those still starting (stuck, or the
+            # host is)
+            done = set(listed) if left <= 0 else set(listed) - set(workers)
+            with self._lock:
+                self._starting[device] = [w for w in self._starting.get(device, []) if w not in done]
+            if (not workers and queued <= 0) or left <= 0:
                 break
             if workers:
                 workers[0].warm(left)
