@@ -7,7 +7,7 @@ warm the caches a run has warm by its second candidate (Triton's, the measured c
 with every harness message's arrival time recorded (the candidate process's phases case by case) and
 the judge run in this process under cProfile instead of in its sandboxed worker, so that its hot spots
 show. A bench, never a run's path: the judge here is outside its sandbox (it loads no candidate code;
-the saved outputs are read as torch.load(weights_only=True) reads them there).
+the saved outputs are read as worker/sample_file.py reads them there).
 
 --retime profiles a re-time of the kernel instead of its second evaluation (evaluate_on(judge=False):
 timing only, no judge). --candidate profiles the candidate process's work instead: the harness (worker/candidate.py) runs the

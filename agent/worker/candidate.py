@@ -7,21 +7,19 @@ the package's inputs and on fresh ones (outputs poisoned, in/out tensors fresh c
 contents, read-only inputs compared bitwise);
 once every case passed its checks, the timed cases are timed in one hold of the timing
 lane (worker/lane.py), with inputs redrawn and outputs re-poisoned after every call. Every output the judge will check is saved with
-the seeds that rebuild its inputs and a sha256 that proves it was not rewritten.
+the seeds that rebuild its inputs and a digest that proves it was not rewritten (worker/sample_file.py).
 """
 
 from __future__ import annotations
 
 import gc
-import hashlib
-import io
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from optagent.worker import bench, compiler_facts, referee_client, target_compile, tasks
+from optagent.worker import bench, compiler_facts, referee_client, sample_file, target_compile, tasks
 from optagent.worker.backends import CompileError, Refused, Unsupported, backend_for
 from optagent.worker.guard import lock_imports, watch_host_compute
 from optagent.worker.interpreter_faults import repair_interpreter
@@ -201,15 +199,9 @@ class Candidate:
     def _save(self, label: str, name: str, outputs: dict, base_seed, refresh_seed, inputs=None) -> Sample:
         """Outputs (and, for the checked runs, the post-call inputs' checksums the judge compares with its own)."""
         path = self.out_dir / f"{label}-{name}.pt"
-        buf = io.BytesIO()
-        saved: dict = {i: t.cpu() for i, t in outputs.items()}
-        if inputs is not None:
-            saved["inputs"] = {i: checksum(t) for i, t in inputs.items()}
-        torch.save(saved, buf)
-        data = buf.getvalue()
-        path.write_bytes(data)
+        sums = {i: checksum(t) for i, t in inputs.items()} if inputs is not None else None
         return Sample(name=name, base_seed=base_seed, refresh_seed=refresh_seed, file=str(path),
-                      sha256=hashlib.sha256(data).hexdigest())
+                      sha256=sample_file.write(path, outputs, sums))
 
     def _checked_runs(self, n: int, case: CaseSpec, fn) -> list[Sample] | None:
         """The package's own inputs, then fresh ones; None when the case already has its verdict."""

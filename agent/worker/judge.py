@@ -8,8 +8,6 @@ call on every input set) with it.
 
 from __future__ import annotations
 
-import hashlib
-import io
 import math
 import os
 from typing import Optional
@@ -22,6 +20,7 @@ from optagent.worker.compare import integer_mismatch, run_check, untouched_masks
 from optagent.worker.digests import checksum, outputs_digest
 from optagent.worker.harness import TaskRuntime, clone_args, float_bases, refresh_floats, run_baseline
 from optagent.worker.interpreter_faults import blame_interpreter
+from optagent.worker import sample_file
 from optagent.messages import (CaseSpec, Channel, Done, ExpectedSample, Finding, Job, Phase, PhaseStarted, Probed,
                                ProbedCase, ProbedExtra, Sample, Verdict)
 from optagent.schema import CaseKind, Device, FloorKind, Status
@@ -76,15 +75,16 @@ def _verdict(rt: TaskRuntime, case: CaseSpec, sample: Sample, check_inputs: bool
     if sample.fd is None:  # the parent opens each saved output itself; what it could not open is refused
         return Finding(status=Status.REJECTED, reason=f"the saved outputs ({sample.name}) are not a regular file "
                        "the harness saved in the outputs directory")
-    with os.fdopen(sample.fd, "rb") as f:
-        data = f.read()
-    if hashlib.sha256(data).hexdigest() != sample.sha256:
-        return Finding(status=Status.REJECTED, reason=f"the saved outputs ({sample.name}) were rewritten after the "
-                       "harness saved them")
+    try:
+        saved = sample_file.read(sample.fd, rt.device, sample.sha256)
+    except sample_file.SampleFileError as e:
+        why = "were rewritten after the harness saved them" if e.rewritten else f"are not as the harness saves them: {e}"
+        return Finding(status=Status.REJECTED, reason=f"the saved outputs ({sample.name}) {why}")
+    finally:
+        os.close(sample.fd)
     args, sizes = _rebuild(rt, case, sample)
     roles = rt.roles(args)
     outs = roles.written
-    saved = torch.load(io.BytesIO(data), map_location=rt.device, weights_only=True)
     if digest is not None and outputs_digest({i: v for i, v in saved.items() if isinstance(i, int)}) != digest:
         return Finding(status=Status.REJECTED, reason=f"the saved outputs ({sample.name}) are not what the call left "
                        "when it returned (their digest differs from the one told to the referee then)")
