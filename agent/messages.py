@@ -1,9 +1,8 @@
 """What the orchestrator asks of a worker process, and how the worker answers.
 
-The answer travels on a private pipe whose file descriptor only the worker's
-harness knows; every message carries the per-run nonce. The candidate's own
-stdout and stderr go to log files and are never parsed. Each message kind is a
-model of one union: a line that is not one of them, exactly, is not the harness's.
+The answer travels on a private pipe whose file descriptor only the worker's harness knows; every message
+carries the per-run nonce. The candidate's own stdout and stderr go to log files and are never parsed. Each
+message kind is a model of one union: a line that is not one of them, exactly, is not the harness's.
 """
 
 from __future__ import annotations
@@ -94,6 +93,7 @@ class Job(Record):
     guard: bool = True  # candidate: the in-process guard (worker/guard.py); off only in tests of the OS's containment
     target_facts: bool = False  # candidate, CPU mode: Triton launches also compiled for the target GPU
     gate_fd: Optional[int] = None  # a warm candidate: its lane's gate, sent with the job (evaluation/warm_worker.py)
+    stored_cases: bool = False  # slow cases kept in the cache (worker/case_store.py): only under a read-only file system
 
 
 class Message(Part):

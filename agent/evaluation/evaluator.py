@@ -220,9 +220,12 @@ class SandboxEvaluator:
         return timed_by_timer(job, run)
 
     def _job(self, mode: str, scratch: Path, nonce: str, **fields) -> Job:
+        # slow cases kept in the cache only where candidates cannot write it (a read-only file system)
+        stored = isolation.describe(isolation.mechanism()).ro_fs
         return Job(mode=mode, task_dir=str(self.task.root), device=self.device, cases=self.cases,
                    seed=secrets.randbits(40), nonce=nonce, scratch=str(scratch), timing=self.timing,
-                   compiler=self.compiler, guard=self.guard, target_facts=self.target_facts, **fields)
+                   compiler=self.compiler, guard=self.guard, target_facts=self.target_facts, stored_cases=stored,
+                   **fields)
 
     def _judge(self, job: Job, relay: Optional[PipeRelay], control: Optional[Control] = None,
                early: Optional[Judges] = None) -> WorkerRun:

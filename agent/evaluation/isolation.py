@@ -9,9 +9,9 @@ writable file system) and ``none`` run only when asked for by name. Under bwrap 
 namespaces, a read-only view of the file system with only its scratch directory writable, a
 private /tmp, /dev/shm and /run, a fresh /proc that shows only its own processes, a minimal
 /dev (plus the NVIDIA device nodes on a GPU), and other evaluations' scratch directories
-hidden. Only the judge may write optagent's cache (measured ceilings, host speed), which
-candidates read. Under landlock the worker makes, as its first act, every path but its scratch
-directory (and the cache, for the judge) read-only to itself and all it starts, and refuses
+hidden. Only trusted workers (the judge, the lane's baseline job) may write optagent's cache (measured
+ceilings, host speed, slow cases: worker/case_store.py), which candidates read. Under landlock the worker makes, as its first act, every path but its scratch
+directory (and the cache, for a trusted worker) read-only to itself and all it starts, and refuses
 itself TCP and signals to processes outside (kernels with Landlock ABI 4 and 6). Under unshare
 a worker gets the namespaces but a writable file system. In a user namespace a process cannot
 read the /proc files (environ, mem) of a process outside.

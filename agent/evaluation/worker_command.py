@@ -35,6 +35,11 @@ MARKER = SANDBOX_ENV
 WORKER = (sys.executable, "-c", "import sys; del sys.path[0]; import runpy; "
           "runpy.run_module('optagent.worker', run_name='__main__', alter_sys=True)")
 
+# The workers that never load candidate code: they alone may write the cache (the judge's measured ceilings and
+# host speed, the slow cases both keep: worker/case_store.py).
+TRUSTED = ("judge", "baseline")
+
+
 def child_env(device: Device, marker: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k in ALLOWED_ENV and not SECRET.search(k)}
     env[MARKER] = marker  # not the nonce: the environment is readable by the candidate
@@ -47,11 +52,12 @@ def child_env(device: Device, marker: str) -> dict[str, str]:
 
 def command(job: Job, scratch: Path, job_file: str, wfd: int, marker: str, mech: Mechanism,
              limits, prefix: Sequence[str] = (), timeout_s: Optional[float] = None) -> tuple[list[str], dict[str, str]]:
-    """The worker's command line and environment under `mech`. Only the judge may write the cache
-    (measured ceilings, host speed); a candidate's compiler runs inside its sandbox, so its path is readable."""
-    env = isolation.worker_env(child_env(job.device, marker), mech, scratch, trusted=job.mode == "judge")
+    """The worker's command line and environment under `mech`. Only TRUSTED workers may write the cache
+    (measured ceilings, host speed, slow cases); a candidate's compiler runs inside its sandbox, so its path is readable."""
+    trusted = job.mode in TRUSTED
+    env = isolation.worker_env(child_env(job.device, marker), mech, scratch, trusted=trusted)
     env.update(rlimits(limits, job.device, isolation.describe(mech).user_ns, timeout_s))
-    writable = [cache_root()] if job.mode == "judge" else []
+    writable = [cache_root()] if trusted else []
     for w in writable:
         w.mkdir(parents=True, exist_ok=True)
     reads = [p for p in (job.compiler or []) + (settings().nvcc or "").split() if os.path.isabs(p)]

@@ -25,6 +25,7 @@ from optagent.worker.guard import lock_imports, watch_host_compute
 from optagent.worker.interpreter_faults import repair_interpreter
 from optagent.worker.after_work import AfterWork, out_bytes
 from optagent.worker.args import clone_args
+from optagent.worker.case_store import CaseStore
 from optagent.worker.compare import fails_check
 from optagent.worker.digests import checksum
 from optagent.worker.harness import TaskRuntime, poison, run_baseline, same_bits
@@ -56,6 +57,8 @@ class Candidate:
     def __init__(self, job: Job, chan: Channel):
         self.job, self.chan = job, chan
         self.rt = TaskRuntime(job.task_dir, job.device)
+        if job.stored_cases:  # the baseline job keeps slow cases for later processes; a candidate only reads them
+            self.rt.store = CaseStore(self.rt.task.digest(), self.rt.device, write=job.mode == "baseline")
         self.timer = make_timer(job)  # the native one where the parent built it (worker/timers.py)
         self.sync = torch.cuda.synchronize if job.device is Device.CUDA else (lambda: None)
         self.out_dir = Path(job.outputs_dir or job.scratch)

@@ -26,14 +26,16 @@ from optagent.messages import CaseSpec
 from optagent.schema import CaseKind
 from optagent.task import REQUIRED_FUNCTIONS, Manifest, load_task
 from optagent.worker.arg_roles import ArgRoles, detect_roles
+from optagent.worker.case_store import SLOW_S, CaseStore
 from optagent.worker.args import clone_args, copy_args, poison, run_baseline, same_bits  # noqa: F401 (their home before)
 from optagent.worker.hooks import Hooks
 
 COMPAT_DIR = Path(__file__).resolve().parent / "compat"
 # A case whose generation took this long (a generator drawing on the host) is kept in host memory, up to HOST_KEEP
 # bytes in all, so the timing phase, which goes over every case again after the checks, copies it back instead of
-# drawing it again (7 host-drawn cases took 9 of a silu_mul_fp8 candidate's 10 s of timing on the H200).
-SLOW_GENERATION_S, HOST_KEEP = 0.05, 2 << 30
+# drawing it again (7 host-drawn cases took 9 of a silu_mul_fp8 candidate's 10 s of timing on the H200); and kept
+# in the cache for later processes where the job allows it (worker/case_store.py).
+SLOW_GENERATION_S, HOST_KEEP = SLOW_S, 2 << 30
 
 
 def flash_attn_available() -> bool:
@@ -77,6 +79,7 @@ class TaskRuntime:
         self._generated: Optional[tuple] = None  # (case key, args, sizes) of the last case generated
         self._kept: dict[tuple, tuple[list, Any]] = {}  # case key -> (host copies of its args, sizes): slow ones
         self._roles: Optional[ArgRoles] = None  # once learnt
+        self.store: Optional[CaseStore] = None  # slow cases kept in the cache (worker/case_store.py; Job.stored_cases)
         if self.manifest and self.task.hooks_path:
             self.hooks = Hooks.load(self.task.hooks_path, self.manifest)
 
@@ -125,27 +128,37 @@ class TaskRuntime:
         return self.hooks.make_case(dict(case.params), self.device, base), None
 
     def _generate_or_keep(self, key: tuple, case: CaseSpec) -> tuple[list, Any]:
-        """The case's arguments: copied back from host memory when its generation was slow before, else
-        generated (and kept on the host when that was slow and there is room): the same values either way."""
+        """The case's arguments: copied back from host memory or read from the case store when its generation
+        was slow before, else generated (and kept on the host and in the store when that was slow and there is
+        room): the same values either way."""
         if key in self._kept:
             host, sizes = self._kept[key]
             return [a.to(self.device, copy=True) if isinstance(a, torch.Tensor) else a for a in host], sizes
+        sizes, small = self._sizes(case)
+        stored = self.store.load(key) if self.store is not None else None
+        if stored is not None:
+            return stored[0], small if stored[1] and small is not None else sizes
         t0 = time.perf_counter()
-        args, sizes = self._generate_case(case)
+        args, made = self._generate_case(sizes, small)
         if time.perf_counter() - t0 > SLOW_GENERATION_S:
             held = sum(_tensor_bytes(h) for h, _ in self._kept.values())
             if held + _tensor_bytes(args) <= HOST_KEEP:
                 self._kept[key] = ([a.detach().to("cpu", copy=True) if isinstance(a, torch.Tensor) else a
-                                    for a in args], sizes)
-        return args, sizes
+                                    for a in args], made)
+            if self.store is not None:
+                self.store.save(key, args, made is small)
+        return args, made
 
-    def _generate_case(self, case: CaseSpec) -> tuple[list, Any]:
+    def _sizes(self, case: CaseSpec) -> tuple[Any, Any]:
+        """The case's sizes, and those shrunk to its max_elements (None: not shrunk)."""
+        sizes, _ = self.case_sizes(int(case.index or 1))
+        return sizes, shrink_rows(sizes, case.max_elements) if case.max_elements else None
+
+    def _generate_case(self, sizes, small) -> tuple[list, Any]:
         """genTestCase once per case, handed out as copies by make_args. Contest generators draw on
         the host and move the tensors (torch.randn(...).to(device)): a quarter of a second for a
         32M-element tensor, and the judge rebuilds the inputs of every saved sample (27 s of judging
         per candidate on the H200 for a 5-case rmsnorm package, most of it there)."""
-        sizes, _ = self.case_sizes(int(case.index or 1))
-        small = shrink_rows(sizes, case.max_elements) if case.max_elements else None
         with redirect_stdout(io.StringIO()):
             try:
                 args = self._generate(small) if small is not None else None

@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from optagent.worker.arg_roles import ArgRoles
+from optagent.worker.case_store import CaseStore
 from optagent.worker.floor_estimate import estimated_bytes
 from optagent.worker.compare import integer_mismatch, run_check, untouched_masks, written_problem
 from optagent.worker.digests import checksum, outputs_digest
@@ -141,6 +142,8 @@ def _verdict(rt: TaskRuntime, case: CaseSpec, sample: Sample, check_inputs: bool
 
 def judge(job: Job, chan: Channel) -> None:
     rt = TaskRuntime(job.task_dir, job.device)
+    if job.stored_cases:  # slow cases read from, and kept in, the cache (worker/case_store.py)
+        rt.store = CaseStore(rt.task.digest(), rt.device, write=True)
     bandwidth: Optional[float] = None
     tflops: Optional[float] = None
     if job.device is Device.CUDA and rt.hooks is None:

@@ -108,15 +108,17 @@ def _host_bytes(tensors: list[torch.Tensor]) -> tuple[memoryview, list[int]]:
     return memoryview(buf.numpy()), offsets
 
 
-def write(path: Path, outputs: dict[int, torch.Tensor], inputs: Optional[dict[int, str]] = None) -> str:
-    """Save the outputs (argument index -> tensor) and, for a checked run, its inputs' checksums; the digest."""
+def write(path: Path, outputs: dict[int, torch.Tensor], inputs: Optional[dict[int, str]] = None,
+          extra: Optional[dict] = None) -> str:
+    """Save the outputs (argument index -> tensor) and, for a checked run, its inputs' checksums; the digest.
+    `extra`: what else the reader gets back as it was (JSON), under "extra" (worker/case_store.py's)."""
     order = sorted(outputs)
     data, offsets = _host_bytes([outputs[i] for i in order])
     header = {"tensors": [{"index": i, "dtype": str(outputs[i].dtype).removeprefix("torch."),
-                           "shape": list(outputs[i].shape), "offset": off,
+                           "shape": list(outputs[i].shape), "offset": off, "cpu": outputs[i].device.type == "cpu",
                            "nbytes": outputs[i].numel() * outputs[i].element_size()}
                           for i, off in zip(order, offsets)],
-              "inputs": {str(k): v for k, v in inputs.items()} if inputs is not None else None}
+              "inputs": {str(k): v for k, v in inputs.items()} if inputs is not None else None, "extra": extra}
     text = json.dumps(header).encode()
     head = MAGIC + struct.pack("<Q", len(text)) + text
     head += b"\0" * _pad(len(head))
@@ -132,9 +134,11 @@ def write(path: Path, outputs: dict[int, torch.Tensor], inputs: Optional[dict[in
     return result[0]
 
 
-def read(fd: int, device: str, expected: str) -> dict[Any, Any]:
+def read(fd: int, device: str, expected: Optional[str]) -> dict[Any, Any]:
     """The saved outputs {index: tensor on `device`} and "inputs" (the checksums, or None), from a file the
-    parent opened; SampleFileError when its digest is not `expected` or it is not as the harness writes."""
+    parent opened; SampleFileError when its digest is not `expected` or it is not as the harness writes.
+    expected None: a file only trusted code wrote (worker/case_store.py), not digested; a tensor that was
+    on the host when written ("cpu") comes back there, in a sample as in a stored case."""
     size = os.fstat(fd).st_size
     if size < len(MAGIC) + 8:
         raise SampleFileError("shorter than any the harness writes")
@@ -150,7 +154,7 @@ def read(fd: int, device: str, expected: str) -> dict[Any, Any]:
     if n > MAX_HEADER or start > size:
         raise SampleFileError("its header runs past the file")
     start += _pad(start)
-    if digest(view[:start], view[start:]) != expected:
+    if expected is not None and digest(view[:start], view[start:]) != expected:
         raise SampleFileError("rewritten after the harness saved it", rewritten=True)
     try:
         header = json.loads(bytes(view[len(MAGIC) + 8:len(MAGIC) + 8 + n]))
@@ -169,9 +173,10 @@ def read(fd: int, device: str, expected: str) -> dict[Any, Any]:
                 raise ValueError(f"tensor {index}'s bytes are not where its header says")
             flat = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=start + off) if nbytes \
                 else torch.empty(0, dtype=torch.uint8)
-            out[index] = flat.view(dtype).reshape(shape).to(device)
+            out[index] = flat.view(dtype).reshape(shape).to("cpu" if entry.get("cpu") is True else device)
         inputs = header["inputs"]
         out["inputs"] = None if inputs is None else {int(k): str(v) for k, v in dict(inputs).items()}
+        out["extra"] = header.get("extra")
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as e:
         raise SampleFileError(f"its header is not the harness's ({e})") from None
     return out
