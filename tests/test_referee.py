@@ -162,15 +162,43 @@ def test_answers_made_when_saved_are_held_to_the_digests_told_when_the_calls_ret
     assert "not what the call left when it returned" in (result.reason or ""), result.reason
 
 
-def test_a_referee_times_candidates_and_baselines_on_a_cpu_never_a_judge():
-    """Not on a GPU: there the harness's own share of a window strays more than the kernels last (sandbox.py)."""
+def test_a_referee_times_candidates_and_baselines_on_every_device_never_a_judge():
     from optagent.evaluation.sandbox import refereed
 
     job = dict(task_dir="x", nonce="n", scratch="/tmp/x")
-    assert refereed(Job(mode="candidate", device=Device.CPU, **job))
-    assert refereed(Job(mode="baseline", device=Device.CPU, **job))
-    assert not refereed(Job(mode="judge", device=Device.CPU, **job))
-    assert not refereed(Job(mode="candidate", device=Device.CUDA, **job))
+    for device in (Device.CPU, Device.CUDA):
+        assert refereed(Job(mode="candidate", device=device, **job))
+        assert refereed(Job(mode="baseline", device=device, **job))
+        assert not refereed(Job(mode="judge", device=device, **job))
+    assert ref.floors_on(Device.CPU) and not ref.floors_on(Device.CUDA)
+
+
+@pytest.mark.parametrize("device", [Device.CPU, Device.CUDA])
+def test_the_referees_figure_floors_a_claim_on_a_cpu_is_recorded_on_a_gpu_and_a_forgery_fails_on_both(device):
+    """On a GPU the harness's share of a window strays more than the kernels last (floors_on): the figure is
+    recorded beside the claim, not a floor; a claim far under it (FORGED) is refused there as on a CPU."""
+    from optagent.evaluation.sandbox import WorkerRun
+    from optagent.evaluation.verdict import _refereed
+    from optagent.schema import CaseKind, CaseResult, Timing
+
+    referee = ref.Referee()
+    referee.abandon()  # its pipes: never asked here, its log is filled by hand
+    referee.loops = [ref.RefereeLoop("1", True, 1, windows_us=[1_100.0] * 3, closed=True),  # baseline: 100 us its own
+                     ref.RefereeLoop("1", False, 1, windows_us=[1_400.0] * 3, closed=True,
+                                     kept={0: ref.KeptCall(0, 0, 7, "0" * 64)})]
+    job = Job(mode="candidate", device=device, task_dir="x", nonce="n", scratch="/tmp/x")
+
+    def recorded(claim_us: float):
+        case = CaseResult(case="1", kind=CaseKind.CONTEST, status=Status.PASSED, time_us=claim_us, baseline_us=100.0,
+                          time=Timing(median_us=claim_us, p10_us=claim_us, p90_us=claim_us, samples=3))
+        return _refereed(job, WorkerRun(referee=referee), [case], ["1"])
+
+    why, (case,) = recorded(200.0)  # the referee saw 1400 - (1100 - 100) = 400 us a call
+    assert why is None and case.referee_us == pytest.approx(400.0)
+    assert case.time_us == pytest.approx(ref.floor_us(400.0) if device is Device.CPU else 200.0)
+    referee.loops[1].windows_us = [40_000.0] * 3
+    why, _ = recorded(200.0)  # 39 ms seen against a 0.2 ms claim
+    assert why and "the referee's own clock saw" in why
 
 
 def test_a_claim_a_little_under_the_referee_stands_and_a_lower_one_is_recorded_at_its_floor():

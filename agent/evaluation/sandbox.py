@@ -29,7 +29,7 @@ from optagent.evaluation.referee import Referee
 from optagent.evaluation.report_pipe import ReportPipe
 from optagent.evaluation.scratch import scratch_fd
 from optagent.messages import M, Job, Message, parse_line, parse_messages
-from optagent.schema import Device, Isolation, Mechanism
+from optagent.schema import Isolation, Mechanism
 from optagent.evaluation.worker_command import MARKER, command
 
 TICK = 0.25  # seconds between looks at the worker's limits
@@ -258,17 +258,9 @@ def collect(sp: Spawned, job: Job, timeout_s: float, on_message: Optional[Callab
 
 
 def refereed(job: Job) -> bool:
-    """Whether a referee answers this worker's timed calls: a candidate's or a baseline job's, on a CPU.
-
-    Not on a GPU, as measured on an H200 (2026-12-03, docs/gpu.md): a window there holds the harness's own
-    work between calls (the inputs' redraw, the L2 flush, the outputs' digest, in the candidate's Python),
-    0.5 to 9 ms a call of decode against kernels of 20 us to 2 ms, and that share differed by 10-50% between
-    the baseline's process and a candidate's, so the referee's figure strayed from honest claims by 0.5-2x.
-    A GPU referee wants the redraw out of the candidate's process (the inputs in memory the referee writes), and
-    even then a window from another process carries the GPU's switch between the two contexts: 215-225 us a
-    call with a ~100 us band on the H200, or, paid before the request, inside the candidate's own call
-    (bench/ipc_probe.py; docs/gpu.md)."""
-    return job.mode in ("candidate", "baseline") and job.device is Device.CPU
+    """Whether a referee answers this worker's timed calls: a candidate's or a baseline job's, on any device. On a
+    GPU its clock floors nothing yet (referee.floors_on says why); its seeds, kept calls and digests hold there too."""
+    return job.mode in ("candidate", "baseline")
 
 
 def _die_with_parent() -> None:

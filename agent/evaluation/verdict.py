@@ -190,7 +190,8 @@ def _refereed(job: Job, run: WorkerRun, cases: list[CaseResult],
             return why, cases
         seen = referee.seen_us(lp, over)
         if seen is not None:  # its figure less its resolution is the floor of what is recorded (c.time: the timer's)
-            c = c.model_copy(update={"referee_us": seen, "time_us": max(c.time_us, referee.floor_us(seen))})
+            floor = referee.floor_us(seen) if referee.floors_on(job.device) else 0.0
+            c = c.model_copy(update={"referee_us": seen, "time_us": max(c.time_us, floor)})
         out.append(c)
     return None, out
 
