@@ -60,6 +60,8 @@ class Checked:
     moved: Optional[str] = None
     timings: dict[tuple[str, LoopKind], Timing] = field(default_factory=dict)
     expected: dict[str, list[ExpectedSample]] = field(default_factory=dict)
+    # of those, the graph replays' (a display figure): the timer's own choice, also where a referee keeps the eager calls
+    graph_expected: dict[str, list[ExpectedSample]] = field(default_factory=dict)
 
 
 def _loops(records: list[Stamped]) -> tuple[list[tuple[Stamped, Stamped]], Optional[str]]:
@@ -110,9 +112,11 @@ def check_records(job: Job, records: list[Stamped], foreign: int, baselines: lis
                 return Checked(f"case {r.case}: the timer kept fewer timed calls for the judge than it must")
             if any(not 0 <= s < job.timing.input_sets for _, s, _ in r.check):
                 return Checked(f"case {r.case}: a timed call on an input set the harness does not have")
-            out.expected.setdefault(r.case, []).extend(
-                ExpectedSample(name=timed_name(c), base_seed=set_seed(job, s), refresh_seed=seed)
-                for c, s, seed in r.check)
+            checks = [ExpectedSample(name=timed_name(c), base_seed=set_seed(job, s), refresh_seed=seed)
+                      for c, s, seed in r.check]
+            out.expected.setdefault(r.case, []).extend(checks)
+            if r.kind is LoopKind.GPU:
+                out.graph_expected.setdefault(r.case, []).extend(checks)
         seen.append(r)
     for key, ends in per.items():
         best = min(ends, key=lambda e: (e.host_slow, e.median_us))

@@ -137,7 +137,7 @@ def assemble(job: Job, run: WorkerRun, judge: Optional[JudgeRunner], *, source_s
     refereed, cases = _refereed(job, run, cases, timed)
     calls = referee.expected_calls(job, run.referee, timed) if run.referee else timer.expected
     for label, more in calls.items():
-        expected[label] = expected.get(label, []) + more
+        expected[label] = expected.get(label, []) + more + (timer.graph_expected.get(label, []) if run.referee else [])
     if ran and not timer.reason and not refereed and judge is not None:
         cases = _judged(job, run, ran, cases, judge, expected)
     contradicted = next((c.case for c in cases if c.case in untimed and c.status is Status.PASSED and judge), None)

@@ -270,9 +270,10 @@ class Candidate:
                 samples.append(self._save(case.label, timed_name(call), found, set_seed(job, k), seed))
         if not job.timing.graphs:  # a display figure, never scored: a capture and a loop a case (settings.py)
             gpu, note = None, "not timed (OPTAGENT_GRAPH_TIMING=1 times graph replays too)"
-        else:
+        else:  # the timer's own kept calls, the referee not asked: a display figure, never scored
+            work.refereed = False
             gpu, note = self.timer.gpu(case.label, fn, sets, getattr(backend, "graph_capturable", True), work, n_keep,
                                        work.poison_all)
-        if gpu:
-            samples += saved(gpu.pop("check"))
+            samples += saved(gpu.pop("check")) if gpu else []
+            work.refereed = referee_client.active()
         return samples, {"timing": Timing(**timing), "gpu": Timing(**gpu) if gpu else None, "gpu_note": note}
