@@ -15,18 +15,22 @@ from optagent.worker import harness
 SILU = Path(__file__).parent / "fixtures" / "packages" / "silu_mul_fp8"
 
 
-def _runtime(monkeypatch, slow_s: float, keep_bytes: int) -> tuple[harness.TaskRuntime, list]:
-    monkeypatch.setattr(harness, "SLOW_GENERATION_S", slow_s)
-    monkeypatch.setattr(harness, "HOST_KEEP", keep_bytes)
-    rt = harness.TaskRuntime(str(SILU), "cpu")
+def counted(rt: harness.TaskRuntime) -> tuple[harness.TaskRuntime, list]:
+    """rt, with each genTestCase call's sizes recorded in the list."""
     calls: list = []
     real = rt.config.genTestCase
 
-    def counted(*a, **k):
+    def draw(*a, **k):
         calls.append(a[0])
         return real(*a, **k)
-    rt.config.genTestCase = counted
+    rt.config.genTestCase = draw
     return rt, calls
+
+
+def _runtime(monkeypatch, slow_s: float, keep_bytes: int) -> tuple[harness.TaskRuntime, list]:
+    monkeypatch.setattr(harness, "SLOW_GENERATION_S", slow_s)
+    monkeypatch.setattr(harness, "HOST_KEEP", keep_bytes)
+    return counted(harness.TaskRuntime(str(SILU), "cpu"))
 
 
 def _case(i: int) -> CaseSpec:

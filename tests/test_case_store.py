@@ -15,6 +15,7 @@ from optagent.schema import CaseKind
 from optagent.settings import CACHE_ENV
 from optagent.worker import case_store, harness
 from optagent.worker.case_store import CaseStore, keepable
+from tests.test_case_memory import counted
 
 ADD_RMSNORM = Path(__file__).parent / "fixtures" / "packages" / "add_rmsnorm"
 
@@ -39,14 +40,7 @@ def package(tmp_path) -> Path:
 def runtime(package: Path, write: bool) -> tuple[harness.TaskRuntime, list]:
     rt = harness.TaskRuntime(str(package), "cpu")
     rt.store = CaseStore(rt.task.digest(), rt.device, write=write)
-    calls: list = []
-    real = rt.config.genTestCase
-
-    def counted(*a, **k):
-        calls.append(a[0])
-        return real(*a, **k)
-    rt.config.genTestCase = counted
-    return rt, calls
+    return counted(rt)
 
 
 def case(i: int, max_elements=None) -> CaseSpec:
