@@ -39,7 +39,7 @@ def package(tmp_path) -> Path:
 
 def runtime(package: Path, write: bool) -> tuple[harness.TaskRuntime, list]:
     rt = harness.TaskRuntime(str(package), "cpu")
-    rt.store = CaseStore(rt.task.digest(), rt.device, write=write)
+    rt.store = CaseStore(rt.task, rt.device, write=write)
     return counted(rt)
 
 

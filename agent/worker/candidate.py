@@ -58,7 +58,7 @@ class Candidate:
         self.job, self.chan = job, chan
         self.rt = TaskRuntime(job.task_dir, job.device)
         if job.stored_cases:  # the baseline job keeps slow cases for later processes; a candidate only reads them
-            self.rt.store = CaseStore(self.rt.task.digest(), self.rt.device, write=job.mode == "baseline")
+            self.rt.store = CaseStore(self.rt.task, self.rt.device, write=job.mode == "baseline")
         self.timer = make_timer(job)  # the native one where the parent built it (worker/timers.py)
         self.sync = torch.cuda.synchronize if job.device is Device.CUDA else (lambda: None)
         self.out_dir = Path(job.outputs_dir or job.scratch)
@@ -271,9 +271,9 @@ class Candidate:
         if not job.timing.graphs:  # a display figure, never scored: a capture and a loop a case (settings.py)
             gpu, note = None, "not timed (OPTAGENT_GRAPH_TIMING=1 times graph replays too)"
         else:  # the timer's own kept calls, the referee not asked: a display figure, never scored
-            work.refereed = False
+            refereed, work.refereed = work.refereed, False
             gpu, note = self.timer.gpu(case.label, fn, sets, getattr(backend, "graph_capturable", True), work, n_keep,
                                        work.poison_all)
             samples += saved(gpu.pop("check")) if gpu else []
-            work.refereed = referee_client.active()
+            work.refereed = refereed
         return samples, {"timing": Timing(**timing), "gpu": Timing(**gpu) if gpu else None, "gpu_note": note}

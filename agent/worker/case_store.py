@@ -24,6 +24,7 @@ from typing import Any, Optional
 import torch
 
 from optagent.cache import cache_root
+from optagent.task import TaskPackage
 from optagent.worker import sample_file
 
 SLOW_S = 0.05  # seconds to generate, past which a case is kept (harness.py's SLOW_GENERATION_S)
@@ -37,8 +38,10 @@ def root() -> Path:
 
 
 class CaseStore:
-    def __init__(self, task_digest: str, device: str, write: bool):
-        self.prefix = hashlib.sha256(f"{task_digest}|{torch.__version__}|{device}".encode()).hexdigest()[:24]
+    def __init__(self, task: TaskPackage, device: str, write: bool):
+        """The store of `task`'s cases (keyed by its files' digest, torch's version and the device); `write`: a
+        trusted worker, which keeps what it drew slowly."""
+        self.prefix = hashlib.sha256(f"{task.digest()}|{torch.__version__}|{device}".encode()).hexdigest()[:24]
         self.device, self.write = device, write
 
     def path(self, key: tuple) -> Path:

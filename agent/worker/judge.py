@@ -143,7 +143,7 @@ def _verdict(rt: TaskRuntime, case: CaseSpec, sample: Sample, check_inputs: bool
 def judge(job: Job, chan: Channel) -> None:
     rt = TaskRuntime(job.task_dir, job.device)
     if job.stored_cases:  # slow cases read from, and kept in, the cache (worker/case_store.py)
-        rt.store = CaseStore(rt.task.digest(), rt.device, write=True)
+        rt.store = CaseStore(rt.task, rt.device, write=True)
     bandwidth: Optional[float] = None
     tflops: Optional[float] = None
     if job.device is Device.CUDA and rt.hooks is None:
