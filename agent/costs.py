@@ -17,6 +17,7 @@ class Costs(BaseModel):
     correctness: float = 0.0  # running and checking the kernel on every case
     lane_wait: float = 0.0  # waiting for the timing lane (a GPU another evaluation times on)
     timing: float = 0.0
+    ending: float = 0.0  # the candidate's process from its timed phase's end to its end (its last messages, its exit)
     judge: float = 0.0
     profile: float = 0.0  # --profile: the kernel run again under ncu (evaluation/profiler.py)
 

@@ -10,6 +10,7 @@ full message list once the worker has exited, never from these events.
 from __future__ import annotations
 
 import enum
+import threading
 from typing import Optional, Protocol
 
 from optagent.messages import CaseSpec, CaseStart, Message, Phase, PhaseStarted
@@ -45,6 +46,18 @@ def stamped(sink: Optional[ProgressSink], **fields) -> Optional[ProgressSink]:
     def stamp(event: Progress) -> None:
         sink(event.model_copy(update=fields))
     return stamp
+
+
+def serialised(sink: Optional[ProgressSink]) -> Optional[ProgressSink]:
+    """Progress from several threads (a pool's evaluations), one event at a time."""
+    if sink is None:
+        return None
+    lock = threading.Lock()
+
+    def one(event: Progress) -> None:
+        with lock:
+            sink(event)
+    return one
 
 
 class PipeRelay:

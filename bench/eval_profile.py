@@ -105,6 +105,8 @@ def main() -> None:
     p.add_argument("--language", default="triton")
     p.add_argument("--top", type=int, default=40)
     p.add_argument("--candidate", action="store_true", help="profile the candidate's harness, not the judge")
+    p.add_argument("--fresh", action="store_true", help="the profiled evaluation of a source of its own (a comment"
+                   " added), as a run's new candidate is: compiled afresh, not lent the first's kernels")
     p.add_argument("--retime", action="store_true", help="profile a re-time of the kernel (timing only, no judge)"
                    " instead of its second evaluation: with --candidate, its harness")
     a = p.parse_args()
@@ -125,6 +127,8 @@ def main() -> None:
     else:
         evaluator_mod.SandboxEvaluator._judge = judge_in_process(a.top, keep)
     t0 = time.monotonic()
+    if a.fresh:
+        source += "\n// profiled\n" if lang is Language.CUDA else "\n# profiled\n"
     second = ev.evaluate_on(source, lang, progress=lambda e: events.append((time.monotonic(), e)),
                             judge=not a.retime)
     wall = time.monotonic() - t0

@@ -159,8 +159,8 @@ def test_a_spare_that_died_while_it_waited_is_replaced_by_a_fresh_process(task_d
     rec = Watched(monkeypatch)
     pool, source = _pool(task_dir)
     try:
-        _ready(pool, 1)
-        for ready in pool.evaluator.spares._ready.values():  # a fault: the waiting spare is killed
+        _ready(pool, 2)  # both the pool keeps
+        for ready in pool.evaluator.spares._ready.values():  # a fault: the waiting spares are killed
             for w in ready:
                 os.killpg(w.spawned.proc.pid, 9)
                 w.spawned.proc.wait()
@@ -212,18 +212,20 @@ def test_a_pool_stopped_mid_evaluation_leaves_no_process_or_scratch_behind(task_
         assert not w.scratch.exists(), f"{w.scratch} outlived its pool"
 
 
-def test_spares_start_once_a_candidates_process_has_ended_never_before(task_dir, monkeypatch):
-    """A spare's start-up is seconds of CPU work: none starts beside a run's first evaluation (its starter's timing
-    is the run's bar); the first candidate's process ending starts them, for the next candidates."""
+def test_spares_start_with_the_pool_and_the_first_evaluation_runs_in_one(task_dir, monkeypatch):
+    """A run's first evaluation (its starter) is a candidate like the others: its process was started with the pool,
+    and its timed phase waited for every process started for its lane (the starter's timing is the run's bar)."""
     rec = Watched(monkeypatch)
+    made = _every_warm_worker(monkeypatch)
     pool, source = _pool(task_dir)
     try:
-        time.sleep(1.0)
-        assert pool.evaluator.spares.started == 0
+        _ready(pool, 1, ask=False)  # started by the pool itself, before any evaluation
         (_, first), = pool.evaluate([PoolJob(1, source, Language.TRITON)])
         assert first.status is Status.PASSED, first.reason
-        assert rec.ran == []  # cold: no spare was there
-        _ready(pool, 2, ask=False)  # as many as the lane keeps, started by the pool itself
+        assert len(rec.ran) == 1 and rec.ran[0][1]  # in a spare, which was alive when its job came
+        timed = pool.lane_list[0].holds[-1]
+        started = [w for w in made if w.spawned.start < timed.granted]
+        assert all(w.warm_at is not None and w.warm_at <= timed.granted for w in started)
     finally:
         pool.close()
 

@@ -60,6 +60,7 @@ class CostClock:
                      correctness=self._span("compiled", wanted_t),
                      lane_wait=self.lane_wait_s,
                      timing=max(0.0, self._span(wanted_t, released_t) - self.lane_wait_s),
+                     ending=self._span(released_t),
                      judge=self.judge_s)
 
     def _span_from_spawn(self) -> float:

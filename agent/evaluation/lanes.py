@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Hashable, Optional
 
 from optagent.messages import LaneReleased, LaneWanted, Message
-from optagent.settings import LANE_FD_ENV
+from optagent.settings import LANE_FD_ENV, settings
 
 
 SETTLE_S = 10.0  # at most this long a granted lane waits for start-ups on it to end (Lane.settle); ~5 s each on the H200
@@ -74,7 +74,8 @@ class Lane:
             self._holder = hold = Hold(who, time.monotonic())
             self.holds.append(hold)
         if self.settle is not None:  # held: no one else times while the processes starting for it finish
-            waited = self.settle(SETTLE_S)
+            limit = settings().settle_s
+            waited = self.settle(SETTLE_S if limit is None else limit)
             with self._cond:
                 self.settled_s += waited
                 if self._holder is hold:  # not released meanwhile (its process ended): its turn starts now

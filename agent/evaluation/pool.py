@@ -28,10 +28,11 @@ from typing import Iterator, Optional, Sequence
 
 from optagent import waits
 from optagent.evaluation.evaluator import SandboxEvaluator
+from optagent.evaluation import take_down
 from optagent.evaluation.lanes import Control, Gate, Lane, OrderedLane, Stopped, visible_gpus
 from optagent.evaluation.timer_check import MOVED
 from optagent.messages import Baseline, Done
-from optagent.progress import Progress, ProgressSink, stamped
+from optagent.progress import ProgressSink, serialised, stamped
 from optagent.protocols import PoolJob
 from optagent.schema import Device, EvalResult, Status
 from optagent.settings import settings
@@ -85,8 +86,11 @@ class LocalPool:
         self._crowd = Crowd()
         self.alone_runs = 0  # evaluations run again alone after a verdict company can cause (crowded)
         # as many candidate processes started ahead on each lane as evaluations may run on it at once (a re-time's
-        # two included), their start-up paid while the planner thinks, never beside a timed phase (warm_worker.py)
+        # two included), from the start: their start-up paid while the planner thinks, never beside a timed phase
+        # (its lane waits for them: warm_worker.py), the run's first evaluation in one too
         evaluator.keep_spares(max(2, -(-self.jobs // self.lanes)) if (n := settings().spares) is None else n, self.lane_list)
+        for lane in self.lane_list if evaluator.spares else ():
+            evaluator.spares.top_up(lane.device)
 
     @property
     def planned_isolation(self):
@@ -96,7 +100,7 @@ class LocalPool:
                  stop: Optional[threading.Event] = None) -> Iterator[tuple[PoolJob, EvalResult]]:
         """stop: set by another thread (a cluster actor's caller gave up) ends the evaluations as a close does."""
         stop = stop or threading.Event()
-        sink = _serialised(progress)
+        sink = serialised(progress)
         futures = {self._executor.submit(self._one, job, None, stop, sink): job for job in jobs}
         try:
             pending = set(futures)
@@ -117,7 +121,7 @@ class LocalPool:
         base = self._baseline(lane)
         waits.all_done([base])  # before the lane is held: the baseline job times in it too
         stop = stop or threading.Event()
-        sink = _serialised(progress)
+        sink = serialised(progress)
         token = ("retime", object())
         lane.acquire(token)
         try:
@@ -182,8 +186,8 @@ class LocalPool:
 
     def _time_baselines(self, lane: Lane, out: Future) -> None:
         try:
-            probe = _host_probe()
             run = self.evaluator.time_baselines(Gate(lane, ("baseline", object())))
+            probe = _host_probe()  # after: its lane waited for the processes starting for it (spares)
             got = run.all(Baseline) if run.first(Done) else []
             slow = any(b.timing.host_slow for b in got)
             out.set_result(LaneBaseline(got, probe, time.monotonic(), slow) if got else None)
@@ -193,6 +197,7 @@ class LocalPool:
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
         self.evaluator.drop_spares()
+        take_down.reaped()  # judges that answered, still ending: none outlives its pool
 
 
 def crowded(result: EvalResult) -> bool:
@@ -286,15 +291,3 @@ def _stale(future: Future) -> Optional[str]:
 
 def _host_probe() -> float:
     return min(host_speed.probe_us() for _ in range(PROBES))
-
-
-def _serialised(sink: Optional[ProgressSink]) -> Optional[ProgressSink]:
-    """Progress from several evaluation threads, one event at a time."""
-    if sink is None:
-        return None
-    lock = threading.Lock()
-
-    def one(event: Progress) -> None:
-        with lock:
-            sink(event)
-    return one

@@ -6,7 +6,7 @@ directory as working directory, and a private pipe for its answer, run under the
 operating system's isolation that this machine allows (isolation.py) and within
 limits on memory, processes and output (limits.py). On timeout or a limit the
 whole group is killed, and so is anything that slipped out of the group but
-still carries the run's marker in its environment (without a PID namespace).
+still carries the run's marker in its environment (take_down.py).
 """
 
 from __future__ import annotations
@@ -21,19 +21,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
-from optagent.evaluation import isolation, safe_files
+from optagent.evaluation import isolation, safe_files, take_down
 from optagent.evaluation.lanes import Control, Stopped
 from optagent.evaluation.limits import Watch, limits_for, record
 from optagent.evaluation.log_tap import LogTap
 from optagent.evaluation.referee import Referee
 from optagent.evaluation.report_pipe import ReportPipe
 from optagent.evaluation.scratch import scratch_fd
-from optagent.messages import M, Job, Message, parse_line, parse_messages
+from optagent.messages import Done, M, Job, Message, parse_line, parse_messages
 from optagent.schema import Isolation, Mechanism
 from optagent.evaluation.worker_command import MARKER, command
 
 TICK = 0.25  # seconds between looks at the worker's limits
-KILL_WAIT_S = 30.0  # after SIGKILL: a process the kernel cannot take down yet is left, not waited on
 
 
 @dataclass
@@ -69,19 +68,6 @@ class WorkerRun:
             except ValueError:
                 return f"killed by signal {-rc}"
         return f"exited with code {rc}"
-
-
-def _kill_marked(marker: str) -> None:
-    """Kill processes that left the group (setsid) but still carry this run's marker."""
-    needle = f"{MARKER}={marker}".encode()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            if needle in (proc / "environ").read_bytes():
-                os.kill(int(proc.name), signal.SIGKILL)
-        except (OSError, ValueError):
-            continue
 
 
 def run_worker(job: Job, timeout_s: float, on_message: Optional[Callable[[Message], None]] = None,
@@ -191,13 +177,17 @@ def spawn(job: Job, job_fd: int, job_arg: str, timeout_s: float, control: Option
 
 def collect(sp: Spawned, job: Job, timeout_s: float, on_message: Optional[Callable[[Message], None]],
             since: float) -> WorkerRun:
-    """Read the worker's messages to its end (timeout_s counted from `since`), then take it down."""
+    """Read the worker's messages to its end (timeout_s counted from `since`), then take it down. A judge's answer
+    ends at its Done: trusted, it has nothing more to say, and its exit (its GPU context torn down) is waited for in
+    the background (take_down.in_background) instead of before its verdicts count."""
     proc, rfd, control, watch = sp.proc, sp.rfd, sp.control, sp.watch
     limit: Optional[str] = None
     chunks: list[bytes] = []
     timed_out = False
     deadline = since + timeout_s
     interrupted = False
+    answered = False  # a judge's Done was read
+    until_done = job.mode == "judge"
     pending = b""
     try:
         while True:
@@ -216,43 +206,37 @@ def collect(sp: Spawned, job: Job, timeout_s: float, on_message: Optional[Callab
                 if not data:
                     break
                 chunks.append(data)
-                if on_message is not None:
+                if on_message is not None or until_done:
                     *lines, pending = (pending + data).split(b"\n")
                     if len(pending) > 1 << 20:  # no harness message is this long: not worth re-copying
                         pending = b""
                     for line in lines:
                         msg = parse_line(line, job.nonce)
-                        if msg is not None:
+                        if msg is not None and on_message is not None:
                             on_message(msg)
+                        answered = answered or (until_done and isinstance(msg, Done))
+                    if answered:
+                        break
     except BaseException:  # Ctrl-C or a kill of our own: take the worker down with us
         interrupted = True
         raise
     finally:
         sp.collected = True
         os.close(rfd)
-        if timed_out or interrupted or limit:
-            _killpg(proc.pid)
-        try:  # the pipe closed: the worker is ending, still watched
-            late = watch.wait(proc, 5 if (timed_out or limit) else 30)
-        except subprocess.TimeoutExpired:
-            late = None
-        if late or proc.returncode is None:
-            _killpg(proc.pid)
-            try:  # a process stuck in the kernel (D state) is not waited for forever
-                proc.wait(timeout=KILL_WAIT_S)
-            except subprocess.TimeoutExpired:
-                pass
-        limit = limit or late
-        _killpg(proc.pid)  # children the worker left behind in its group
-        _kill_marked(sp.marker)
-        control.close()  # its lane, if it held one, is free
-        tail = sp.tap.close()[-4000:]  # read from memory, never the whole log
+        if answered:
+            take_down.in_background(proc, watch, sp.marker, control, sp.tap.close)
+        else:
+            if timed_out or interrupted or limit:
+                take_down.kill_group(proc.pid)
+            limit = limit or take_down.take_down(proc, watch, sp.marker, control, 5 if (timed_out or limit) else 30)
+        tail = (sp.tap.tail_now() if answered else sp.tap.close())[-4000:]  # read from memory, never the whole log
         lines = sp.report.finish() if sp.report else []
         if sp.referee:
             sp.referee.finish()
     messages, foreign = parse_messages(b"".join(chunks), job.nonce)
     iso = record(isolation.describe(sp.mech), sp.watch.limits)
-    return WorkerRun(messages, foreign, isolation.returncode(sp.mech, proc.returncode), timed_out,
+    code = 0 if answered else isolation.returncode(sp.mech, proc.returncode)
+    return WorkerRun(messages, foreign, code, timed_out,
                      time.monotonic() - since, tail, iso, limit, sp.report.secret if sp.report else None, lines,
                      sp.referee)
 
@@ -274,11 +258,3 @@ def _die_with_parent() -> None:
     import resource
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-
-def _killpg(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    return False

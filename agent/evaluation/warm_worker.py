@@ -149,12 +149,11 @@ class Companions(Protocol):
 class Spares:
     """Candidate processes waiting for their candidates, up to `per_device` for each lane device, each started
     by a thread of its own that lives as long as the pool (a worker dies with the thread that started it:
-    sandbox._die_with_parent). Started only when top_up() asks, once a candidate's process has ended (its
-    timed phase is over), so that at width 1 a spare's start-up (seconds of CPU work, a GPU context made) never
-    runs beside a timed phase. (On the H200, an evaluation whose start two spares started beside took 25.2 s,
-    slower in every phase, timing 6.3 s, than the 18.6-19.6 s, timing 3.7-4.9 s, of one cold and alone.) A
-    run's starter, whose timing is the run's first bar, is evaluated cold with none starting beside it; its
-    first candidate finds the spares started during the starter's judge."""
+    sandbox._die_with_parent). Started when top_up() asks: as the pool is made (its first evaluation, a run's
+    starter, then runs in one too) and once a candidate's process has ended (its timed phase over). A start-up
+    (seconds of CPU work, a GPU context made) never runs beside a timed phase: a lane's grant waits for those
+    still starting for it (settle). (On the H200, an evaluation whose start two spares started beside took 25.2 s,
+    slower in every phase, timing 6.3 s, than the 18.6-19.6 s, timing 3.7-4.9 s, of one cold and alone.)"""
 
     def __init__(self, template: Callable[[], Job], timeout_s: float, per_device: int,
                  companions: Optional[Callable[[Job, Control], Companions]] = None):
