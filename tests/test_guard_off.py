@@ -22,7 +22,7 @@ from typing import Callable, Optional
 import pytest
 
 from attack_fixtures import ATTACKS, attack  # tests/ is on sys.path
-from optagent.evaluation import isolation
+from optagent.evaluation import isolation, take_down
 from optagent.evaluation.evaluator import SandboxEvaluator
 from optagent.evaluation.cases import select_cases
 from optagent.schema import EvalResult, Status
@@ -120,6 +120,7 @@ def test_contained_with_the_guard_off(task, tmp_path, monkeypatch, mechanism, na
         assert result.isolation.ro_fs
         problems = [why for check in CONTAINED[name] for why in [check(result, scratch)] if why]
         assert not problems, (problems, result.status.value, result.reason)
+        take_down.reaped()  # the judge answered: its exit is waited for in the background; the candidate's was not
         assert not left_in(scratch), "a process of the candidate outlived its evaluation"
     finally:
         Path("/tmp/optagent_attack_write_file").unlink(missing_ok=True)

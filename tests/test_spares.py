@@ -67,13 +67,13 @@ class Watched:
         real_run = warm_worker.WarmWorker.run
         rec = self
 
-        self.judged: list[tuple[float, float]] = []  # (when a judge was started, when it was handed its job)
+        self.judged: list[tuple[float, float, object]] = []  # (a judge's start, when handed its job, the judge)
 
         def run(self, job, *a, **k):
             if job.mode == "candidate":
                 rec.ran.append((self.spawned.start, self.spawned.proc.poll() is None))
             else:
-                rec.judged.append((self.spawned.start, time.monotonic()))
+                rec.judged.append((self.spawned.start, time.monotonic(), self))
             return real_run(self, job, *a, **k)
         monkeypatch.setattr(warm_worker.WarmWorker, "run", run)
 
@@ -122,8 +122,8 @@ def test_a_candidate_runs_in_a_spare_and_leaves_nothing_for_the_next(task_dir, m
         assert second.status is Status.PASSED, second.reason  # none of the plants is in its process or files
         assert len(rec.ran) == 2 and all(alive for _, alive in rec.ran)  # each in a spare, the second not killed
         assert rec.ran[1][0] < ended  # which was waiting beside the planting candidate
-        # the second candidate's judge came with its spare: started while the first candidate ran, not with it
-        assert len(rec.judged) == 2 and rec.judged[1][0] < ended
+        # both were judged by the pool's judges, one of them both times (PLANT killed every process it could see)
+        assert len(rec.judged) == 2 and rec.judged[0][2] is rec.judged[1][2]
         assert pool.evaluator.spares.taken == 2
         _ready(pool, 3, ask=False)  # and a third, started by the pool once the first candidate's process ended
     finally:
@@ -143,14 +143,13 @@ def test_a_closed_pool_takes_its_spares_down(task_dir, monkeypatch):
     Watched(monkeypatch)
     pool, _ = _pool(task_dir)
     _ready(pool, 1)
-    spares = pool.evaluator.spares
-    waiting = [w for ready in spares._ready.values() for w in ready]
-    assert waiting and all(w.spawned.proc.poll() is None and w.scratch.is_dir() for w in waiting)
+    spares, judges = pool.evaluator.spares, pool.evaluator.judges
+    waiting = [w for ready in spares._ready.values() for w in ready] + list(judges._all)
+    assert len(waiting) >= 3 and all(w.spawned.proc.poll() is None and w.scratch.is_dir() for w in waiting)
     pool.close()
-    assert pool.evaluator.spares is None
-    for w in waiting:
+    assert pool.evaluator.spares is None and pool.evaluator.judges is None
+    for w in waiting:  # the spares and the judges that serve the pool's evaluations, with their scratch
         assert w.spawned.proc.poll() is not None and not w.scratch.exists()
-        assert w.companions is not None and all(j.spawned.proc.poll() is not None for j in w.companions.workers)
 
 
 def test_a_spare_that_died_while_it_waited_is_replaced_by_a_fresh_process(task_dir, monkeypatch):
@@ -246,7 +245,7 @@ def test_a_timed_phase_waits_for_the_processes_still_starting_for_its_lane(task_
         holds = pool.lane_list[0].holds  # the baseline job's timed phase, then the candidate's
         assert len(holds) == 2
         before = [w for w in made if w.spawned.start < started]
-        assert len(before) >= 6, len(before)  # two spares, each with its two judges
+        assert len(before) >= 4, len(before)  # two spares and the pool's two judges
         for hold in holds:
             assert all(w.warm_at is not None and w.warm_at <= hold.granted for w in before), \
                 [(w.spawned.job.mode, w.warm_at, hold.granted) for w in before]
@@ -271,5 +270,32 @@ def test_a_warm_worker_says_when_its_start_up_is_over(task_dir, monkeypatch):
         spares.settle(None, 60)
         assert spares.settle(None, 60) < 0.5  # every process started for the lane is warm now
         assert all(w.warm(0) for ready in spares._ready.values() for w in ready)
+    finally:
+        pool.close()
+
+
+def test_a_serving_judge_that_died_is_replaced_and_the_next_evaluation_judged(task_dir, monkeypatch):
+    """Fault injection: the pool's judges serve one evaluation after another (judges.py JudgeService); one killed
+    between two evaluations is taken down and another started in its place; the next evaluation, finding none
+    alive, still gets its verdict (from a judge started for it), and the one after from a judge of the pool."""
+    import os
+
+    rec = Watched(monkeypatch)
+    pool, source = _pool(task_dir)
+    try:
+        _ready(pool, 2)
+        (_, first), = pool.evaluate([PoolJob(1, source, Language.TRITON)])
+        assert first.status is Status.PASSED, first.reason
+        service = pool.evaluator.judges
+        before = list(service._all)
+        for w in before:  # every judge of the pool, killed while it waits for its next job
+            os.killpg(w.spawned.proc.pid, 9)
+            w.spawned.proc.wait()
+        (_, second), = pool.evaluate([PoolJob(2, source + "\n# again\n", Language.TRITON)])
+        assert second.status is Status.PASSED, second.reason
+        assert all(w not in service._all for w in before) and len(service._all) == len(before)  # replaced
+        (_, third), = pool.evaluate([PoolJob(3, source + "\n# and again\n", Language.TRITON)])
+        assert third.status is Status.PASSED, third.reason
+        assert rec.judged[-1][2] in service._all  # one of those started in their place
     finally:
         pool.close()

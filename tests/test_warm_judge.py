@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from optagent import job_channel
-from optagent.evaluation import isolation, warm_worker
+from optagent.evaluation import isolation, take_down, warm_worker
 from optagent.evaluation.evaluator import SandboxEvaluator
 from optagent.evaluation.cases import select_cases
 from optagent.schema import Language, Mechanism, Status
@@ -25,7 +25,7 @@ def test_the_job_and_its_descriptors_arrive_mapped_to_the_receivers_numbers():
     job = b'{"mode": "judge"}' * 5000  # larger than one read
     sender = threading.Thread(target=job_channel.send, args=(parent, job, [r for r, _ in pipes]))
     sender.start()
-    got, mapped = job_channel.receive(child.detach())
+    got, mapped = job_channel.receive(child)
     sender.join()
     parent.close()
     try:
@@ -42,10 +42,10 @@ def test_a_socket_that_carries_other_descriptors_than_it_names_is_refused():
     parent, child = socket.socketpair()
     r, w = os.pipe()
     socket.send_fds(parent, [b"\0"], [r])
-    parent.sendall(b"[1, 2]\n{}")
+    parent.sendall(b'{"fds": [1, 2], "bytes": 2}\n{}')
     parent.shutdown(socket.SHUT_WR)
     with pytest.raises(ValueError, match="carried 1 descriptors"):
-        job_channel.receive(child.detach())
+        job_channel.receive(child)
     for fd in (r, w):
         os.close(fd)
     parent.close()
@@ -87,6 +87,7 @@ def test_the_judge_waits_beside_the_candidate_and_judges_it(task_dir, monkeypatc
     result = ev.evaluate(task.starter(Language.TRITON).source, Language.TRITON)
     assert result.status is Status.PASSED, result.reason
     assert len(rec.made) == 1 and rec.ran == 1 and rec.alive_at_run == [True]  # it had waited, warm
+    take_down.reaped()  # it answered: its exit is waited for in the background
     assert rec.made[0].spawned.proc.poll() is not None  # and it is gone
 
 

@@ -27,7 +27,7 @@ from optagent.evaluation import isolation, referee, warm_worker
 from optagent.evaluation.builds import Builds
 from optagent.evaluation.cases import derived_smoke, select_cases
 from optagent.evaluation.cost_clock import CostClock
-from optagent.evaluation.judges import SIDE_BY_SIDE, Judges
+from optagent.evaluation.judges import SIDE_BY_SIDE, Judges, JudgeService
 from optagent.evaluation.lanes import Control, Lane
 from optagent.evaluation.limits import limits_for, record
 from optagent.evaluation.native_build import native_timer
@@ -76,6 +76,7 @@ class SandboxEvaluator:
                        if self.device is Device.CUDA
                        else TimingSpec(min_iters=3, max_iters=3, budget_s=0.0, input_sets=referee.ONE_SET, warmup=1))
         self.spares: Optional[Spares] = None  # candidate processes started ahead (keep_spares)
+        self.judges: Optional[JudgeService] = None  # and judges that serve one evaluation after another
         self._judged = False  # no judge has run yet: the first runs alone (it measures the GPU's ceilings)
         self.builds = Builds(scratch_base(scratch_root) / "builds")  # passed kernels' own compiled code (builds.py)
 
@@ -84,8 +85,11 @@ class SandboxEvaluator:
         each of `lanes` then holds its timed phases until the processes starting for it are warm (Lane.settle)."""
         if per_device > 0 and warm_worker.available(self.device) and self.spares is None:
             self.spares = Spares(lambda: self._job("candidate", *new_scratch(self.scratch_root), timer=native_timer()),
-                                 self.timeout_s, per_device,
-                                 lambda job, control: Judges(self._judge_job(job), SIDE_BY_SIDE, self.timeout_s, control))
+                                 self.timeout_s, per_device)
+            # judges that serve evaluation after evaluation, as many as evaluations may ask for at once
+            self.judges = JudgeService(lambda: self._job("judge", *new_scratch(self.scratch_root)), self.timeout_s,
+                                       max(SIDE_BY_SIDE, per_device), [lane.device for lane in lanes] or [None],
+                                       self.spares.track)
         for lane in lanes if self.spares is not None else ():
             lane.settle = partial(self.spares.settle, lane.device)
 
@@ -97,6 +101,9 @@ class SandboxEvaluator:
         if self.spares is not None:
             self.spares.close()
             self.spares = None
+        if self.judges is not None:
+            self.judges.close()
+            self.judges = None
 
     @property
     def planned_isolation(self) -> Isolation:
@@ -150,14 +157,9 @@ class SandboxEvaluator:
             if progress:
                 progress(Progress(phase=Phase.STARTING))
             wanted = (judges or SIDE_BY_SIDE) if self._judged else 1
-            if spare is not None and isinstance(spare.companions, Judges):  # started with the spare, warm by now
-                early, spare.companions = spare.companions, None
-                if not judge:  # a re-time's process: no judge
-                    early.abandon()
-                    early = None
-                else:
-                    early.adopt(wanted, control)
-            elif judge and warm_worker.available(self.device):  # started now, it is ready when the candidate ends
+            # a pool's judges serve evaluation after evaluation, leased once the candidate's process has ended
+            # (_judge); without a pool, on a GPU, they start now, ready when the candidate ends
+            if judge and self.judges is None and warm_worker.available(self.device):
                 early = Judges(self._judge_job(job), wanted, self.timeout_s, control)
             heard = [f for f in (relay, clock, gate.on_message if gate else None) if f]
             on_message = lambda m: [f(m) for f in heard]  # noqa: E731
@@ -175,7 +177,7 @@ class SandboxEvaluator:
             def judged(jjob: Job) -> WorkerRun:
                 t0 = time.monotonic()
                 try:
-                    return self._judge(jjob, relay, control, early)
+                    return self._judge(jjob, relay, control, early, (lane_device, wanted))
                 finally:
                     clock.judge_s = time.monotonic() - t0
                     self._judged = True
@@ -228,10 +230,17 @@ class SandboxEvaluator:
                    **fields)
 
     def _judge(self, job: Job, relay: Optional[PipeRelay], control: Optional[Control] = None,
-               early: Optional[Judges] = None) -> WorkerRun:
-        """early: the judges' processes, started beside the candidate's (evaluation/judges.py)."""
+               early: Optional[Judges] = None, lease: tuple[Optional[str], int] = (None, 1)) -> WorkerRun:
+        """early: the judges' processes, started beside the candidate's (evaluation/judges.py); lease: the lane
+        device and how many of the pool's serving judges (JudgeService) to take, where it keeps them."""
         if relay:
             relay.judging(job.cases)
+        if early is None and self.judges is not None:
+            leased = Judges.leased(self.judges, lease[1], lease[0], control)
+            try:
+                return leased.run(job, relay)
+            finally:
+                leased.abandon()  # given back to the service
         # none started beside the candidate (a CPU, Landlock): one started now, the same way (no warm process)
         return (early or Judges(job, 0, self.timeout_s, control)).run(job, relay)
 

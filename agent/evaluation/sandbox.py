@@ -171,15 +171,16 @@ def spawn(job: Job, job_fd: int, job_arg: str, timeout_s: float, control: Option
     if referee:
         referee.started()
     tap = LogTap(lfd, log_fd, limits.output_bytes)
-    watch = Watch(proc.pid, limits, tap, job.mode, scratch, disk_now=not job_arg.startswith("sock:"))
+    watch = Watch(proc.pid, limits, tap, job.mode, scratch, disk_now=not job_arg.startswith(("sock:", "serve:")))
     return Spawned(job, proc, rfd, tap, watch, marker, mech, control, report, referee, start)
 
 
 def collect(sp: Spawned, job: Job, timeout_s: float, on_message: Optional[Callable[[Message], None]],
-            since: float) -> WorkerRun:
+            since: float, keep: bool = False) -> WorkerRun:
     """Read the worker's messages to its end (timeout_s counted from `since`), then take it down. A judge's answer
     ends at its Done: trusted, it has nothing more to say, and its exit (its GPU context torn down) is waited for in
-    the background (take_down.in_background) instead of before its verdicts count."""
+    the background (take_down.in_background) instead of before its verdicts count; keep: a judge that serves the
+    next job too (judges.py JudgeService) is left as it is once it has answered."""
     proc, rfd, control, watch = sp.proc, sp.rfd, sp.control, sp.watch
     limit: Optional[str] = None
     chunks: list[bytes] = []
@@ -221,14 +222,17 @@ def collect(sp: Spawned, job: Job, timeout_s: float, on_message: Optional[Callab
         interrupted = True
         raise
     finally:
-        sp.collected = True
-        os.close(rfd)
-        if answered:
-            take_down.in_background(proc, watch, sp.marker, control, sp.tap.close)
-        else:
-            if timed_out or interrupted or limit:
-                take_down.kill_group(proc.pid)
-            limit = limit or take_down.take_down(proc, watch, sp.marker, control, 5 if (timed_out or limit) else 30)
+        kept = keep and answered  # a serving judge: its result pipe, log and limits stay with it for its next job
+        sp.collected = not kept
+        if not kept:
+            os.close(rfd)
+            if answered:
+                take_down.in_background(proc, watch, sp.marker, control, sp.tap.close)
+            else:
+                if timed_out or interrupted or limit:
+                    take_down.kill_group(proc.pid)
+                limit = limit or take_down.take_down(proc, watch, sp.marker, control,
+                                                     5 if (timed_out or limit) else 30)
         tail = (sp.tap.tail_now() if answered else sp.tap.close())[-4000:]  # read from memory, never the whole log
         lines = sp.report.finish() if sp.report else []
         if sp.referee:

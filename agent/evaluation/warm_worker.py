@@ -16,8 +16,10 @@ Spares: a run's pool (evaluation/pool.py) keeps candidate processes started the 
 candidates are known, each in a scratch directory of its own, so that a candidate's start-up (Python,
 torch, Triton, the GPU's context: 4 s of its 15 on the H200) is paid while the planner thinks and the
 previous candidate runs. A spare has run only the harness's own code when its job comes (with its lane's
-gate, on the socket); it serves one candidate and ends, as every worker does, so nothing of one candidate
-reaches the next (under bubblewrap a candidate cannot see the spare that waits beside it either).
+gate, on the socket); it serves one candidate and ends, as every candidate process does, so nothing of one
+candidate reaches the next (under bubblewrap a candidate cannot see the spare that waits beside it either).
+The pool's judges are warm workers too, started once and serving one evaluation after another
+(judges.py JudgeService; serving=True: worker/__main__.py serve).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Optional, Protocol
+from typing import Callable, Optional
 
 from optagent import job_channel
 from optagent.evaluation import isolation
@@ -46,13 +48,13 @@ def available(device: Device) -> bool:
 
 
 class WarmWorker:
-    def __init__(self, template: Job, timeout_s: float, control: Optional[Control] = None):
-        """template: the job as far as it is known at the start (mode, device, task, scratch)."""
+    def __init__(self, template: Job, timeout_s: float, control: Optional[Control] = None, serving: bool = False):
+        """template: the job as far as it is known at the start (mode, device, task, scratch). serving: a judge
+        that serves one job after another (judges.py JudgeService), each run() answered at its Done."""
         dir_fd = scratch_fd(Path(template.scratch))
         if dir_fd is None:
             raise ValueError(f"{template.scratch}: not a scratch directory new_scratch made")
-        self.timeout_s = timeout_s
-        self.companions: Optional[Companions] = None  # a spare's judges (Spares)
+        self.timeout_s, self.serving = timeout_s, serving
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock = parent  # the job goes out on it; job_channel.WARM comes back once the start-up is over
         self._warm = threading.Event()
@@ -60,8 +62,8 @@ class WarmWorker:
         self._sock_lock = threading.Lock()  # warm() reads the socket from a lane's thread; run() closes it
         child_fd = child.detach()  # spawn() passes it to the worker and closes it here
         try:
-            self.spawned: Spawned = spawn(template, child_fd, f"sock:{child_fd}", timeout_s, control, (),
-                                          Path(template.scratch), dir_fd)
+            self.spawned: Spawned = spawn(template, child_fd, f"{'serve' if serving else 'sock'}:{child_fd}", timeout_s,
+                                          control, (), Path(template.scratch), dir_fd)
         except BaseException:
             parent.close()
             raise
@@ -91,16 +93,17 @@ class WarmWorker:
             fds = [*fds, *gate.fds]
             job = job.model_copy(update={"gate_fd": gate.fds[0] if gate.fds else None})
         try:
-            job_channel.send(self.sock, job.model_dump_json().encode(), fds)  # shut for writing: the job's end
+            job_channel.send(self.sock, job.model_dump_json().encode(), fds)
         except OSError:
             pass  # it died while it waited: collect() says how
         finally:
             if gate is not None:
                 gate.spawned()  # the worker holds the gate's end now (or is gone): ours is closed
         try:
-            return collect(self.spawned, job, self.timeout_s, on_message, since)
+            return collect(self.spawned, job, self.timeout_s, on_message, since, keep=self.serving)
         finally:
-            self._close()  # open till now: a lane's settle() may still wait for this worker's start-up
+            if self.spawned.collected:  # open till now: a lane's settle() may still wait for this worker's start-up
+                self._close()
 
     def warm(self, timeout_s: float) -> bool:
         """Whether its start-up is over: it wrote job_channel.WARM (or ended, or was taken down); waits up to
@@ -138,14 +141,6 @@ class WarmWorker:
         self.spawned.abandon()
 
 
-class Companions(Protocol):
-    """What a spare starts beside its candidate process (its judges: evaluation/judges.py)."""
-
-    workers: list[WarmWorker]
-
-    def abandon(self) -> None: ...
-
-
 class Spares:
     """Candidate processes waiting for their candidates, up to `per_device` for each lane device, each started
     by a thread of its own that lives as long as the pool (a worker dies with the thread that started it:
@@ -155,20 +150,16 @@ class Spares:
     still starting for it (settle). (On the H200, an evaluation whose start two spares started beside took 25.2 s,
     slower in every phase, timing 6.3 s, than the 18.6-19.6 s, timing 3.7-4.9 s, of one cold and alone.)"""
 
-    def __init__(self, template: Callable[[], Job], timeout_s: float, per_device: int,
-                 companions: Optional[Callable[[Job, Control], Companions]] = None):
+    def __init__(self, template: Callable[[], Job], timeout_s: float, per_device: int):
         """template: a new scratch directory's job as far as it is known before its candidate (mode, device,
-        task, timer), made afresh for each spare. companions: what each spare starts beside its candidate
-        process, in its scratch directory (its judges), so that their start-up too is over before the
-        candidate's timed phase (a judge started with its candidate imported torch beside it: on the H200
-        that evaluation's timing ran 2x as long, 12 loops again after a slow host); taken with the spare."""
+        task, timer), made afresh for each spare. Its judges are the pool's, serving one evaluation after
+        another (judges.py JudgeService): a spare starts alone (each used to start its two judges with it)."""
         self.template, self.timeout_s, self.per_device = template, timeout_s, per_device
-        self.companions = companions
         self._ready: dict[Optional[str], list[WarmWorker]] = {}
         self._count: dict[Optional[str], int] = {}  # ready or starting, per device
         self._wanted: queue.Queue = queue.Queue()
-        self._starting: dict[Optional[str], list[WarmWorker]] = {}  # per device: spares and companions, taken or
-        # not, whose start-up may not be over (settle)
+        self._starting: dict[Optional[str], list[WarmWorker]] = {}  # per device: spares, taken or not, and
+        # serving judges (track), whose start-up may not be over (settle)
         self._lock = threading.Lock()
         self._closed = False
         self.started = self.taken = 0  # for tests and bench/
@@ -193,12 +184,7 @@ class Spares:
                 job = self.template()
                 try:
                     worker = WarmWorker(job, self.timeout_s, Control(device))
-                    if self.companions is not None:
-                        worker.companions = self.companions(job, Control(device))
                 except Exception:
-                    if worker is not None:
-                        worker.abandon()
-                        worker = None
                     remove_scratch(Path(job.scratch))
             except Exception:
                 pass  # no spare this time: an evaluation starts its candidate process itself
@@ -207,15 +193,20 @@ class Spares:
                     self._count[device] -= 1
                 else:
                     self._ready.setdefault(device, []).append(worker)
-                    self._starting.setdefault(device, []).extend(
-                        [worker, *(worker.companions.workers if worker.companions is not None else [])])
+                    self._starting.setdefault(device, []).append(worker)
                     self.started += 1
                     continue
             if worker is not None:
                 _discard(worker)
 
+    def track(self, device: Optional[str], worker: WarmWorker) -> None:
+        """A process started for `device`'s lane besides the spares (a judge that serves evaluation after
+        evaluation: judges.py JudgeService), whose start-up the lane waits for too (settle)."""
+        with self._lock:
+            self._starting.setdefault(device, []).append(worker)
+
     def settle(self, device: Optional[str], max_s: float) -> float:
-        """Wait until no process started for `device`'s lane (a spare, taken or not, or its judges) is still
+        """Wait until no process started for `device`'s lane (a spare, taken or not, or a serving judge) is still
         starting, or max_s; the seconds waited. A lane calls it as it is granted (lanes.Lane.acquire): a
         start-up beside a timed phase is seconds of the host's cores and a GPU context made, and slowed the
         timing (on the H200 a re-time's two kernels, the second's spare still importing beside the first's
@@ -271,6 +262,4 @@ class Spares:
 
 def _discard(worker: WarmWorker) -> None:
     worker.abandon()
-    if worker.companions is not None:
-        worker.companions.abandon()
     remove_scratch(worker.scratch)

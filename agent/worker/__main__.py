@@ -13,6 +13,7 @@ ncu, for --profile) runs the kernel once per case for Nsight Compute (worker/pro
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import traceback
 from pathlib import Path
@@ -33,16 +34,48 @@ def read_job(where: str) -> Job:
         with os.fdopen(int(where[3:]), "rb") as f:
             return Job.model_validate_json(f.read())
     if where.startswith("sock:"):
-        data, mapped = job_channel.receive(int(where[5:]))
-        job = Job.model_validate_json(data)
-        samples = {case: [s.model_copy(update={"fd": mapped.get(s.fd) if s.fd is not None else None}) for s in listed]
-                   for case, listed in job.samples.items()}
-        gate = mapped.get(job.gate_fd) if job.gate_fd is not None else None
-        return job.model_copy(update={"samples": samples, "gate_fd": gate})
+        with socket.socket(fileno=int(where[5:])) as sock:
+            return next_job(sock)
     path = Path(where)
     data = path.read_bytes()
     path.unlink()
     return Job.model_validate_json(data)
+
+
+def next_job(sock: socket.socket) -> Job:
+    """The next job on a warm worker's socket, its descriptors mapped to this process's numbers (EOFError: none)."""
+    data, mapped = job_channel.receive(sock)
+    job = Job.model_validate_json(data)
+    samples = {case: [s.model_copy(update={"fd": mapped.get(s.fd) if s.fd is not None else None}) for s in listed]
+               for case, listed in job.samples.items()}
+    gate = mapped.get(job.gate_fd) if job.gate_fd is not None else None
+    return job.model_copy(update={"samples": samples, "gate_fd": gate})
+
+
+def serve(sock_fd: int, result_fd: int) -> None:
+    """A judge that serves one evaluation after another (evaluation/judges.py JudgeService): each job's answer
+    ends with its Done, on the one result pipe, under the job's own nonce; the socket's end is the process's.
+    It loads no candidate code, ever: what it keeps from one job to the next is the harness's own."""
+    import torch
+
+    from optagent.worker.judge import judge
+
+    with socket.socket(fileno=sock_fd) as sock:
+        while True:
+            try:
+                job = next_job(sock)
+            except EOFError:
+                return
+            chan = Channel(result_fd, job.nonce)
+            try:
+                judge(job, chan)
+            except BaseException as e:  # the parent reads the job's end from it, and starts another judge
+                chan.send(WorkerError(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=-4)))
+                raise SystemExit(3)
+            finally:
+                sys.stdout.flush()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # the job's inputs and references: not held while candidates run
 
 
 def warm_up() -> None:
@@ -70,14 +103,18 @@ def warm_up() -> None:
 
 def main() -> None:
     apply_rlimits()
-    warm = sys.argv[1].startswith("sock:")
+    serving = sys.argv[1].startswith("serve:")
+    warm = serving or sys.argv[1].startswith("sock:")
     if warm:
         landlock.apply_from_env()
         warm_up()
-        try:
-            os.write(int(sys.argv[1][5:]), job_channel.WARM)  # the parent's lane waits for no start-up of ours now
+        try:  # the parent's lane waits for no start-up of ours now
+            os.write(int(sys.argv[1].partition(":")[2]), job_channel.WARM)
         except OSError:
             pass  # the parent has gone, or taken us down
+    if serving:
+        serve(int(sys.argv[1][6:]), int(sys.argv[2]))
+        os._exit(0)
     job = read_job(sys.argv[1])
     if warm:
         lane.job_arrived(job.gate_fd)

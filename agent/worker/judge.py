@@ -165,7 +165,9 @@ def judge(job: Job, chan: Channel) -> None:
         inputs = {e.name for e in expected if e.inputs}
         digests = {e.name: e.digest for e in expected if e.digest}
         agg: dict = {"rel_err": 0.0, "max_abs_err": 0.0, "tolerance": None}
+        unread = {id(s): s for s in job.samples.get(case.label, [])}  # their descriptors, closed below
         for sample in samples if worst is None else []:
+            unread.pop(id(sample), None)  # _verdict closes it
             v = _verdict(rt, case, sample, sample.name in inputs, digests.get(sample.name))
             for key in ("rel_err", "max_abs_err"):
                 if getattr(v, key) is not None:
@@ -174,6 +176,7 @@ def judge(job: Job, chan: Channel) -> None:
             if v.status is not Status.PASSED:
                 worst = v
                 break
+        _close(unread.values())  # a judge that serves evaluation after evaluation keeps none open
         floors: dict = {"floor_us": None, "compute_floor_us": None}
         if rt.hooks is not None and (bandwidth or tflops) and samples:
             args, _ = _rebuild(rt, case, samples[0])
@@ -193,6 +196,15 @@ def judge(job: Job, chan: Channel) -> None:
         # the failing sample's own errors, where it measured them, over the running maxima
         chan.send(Verdict(case=case.label, **{**agg, **result.model_dump(exclude_none=True)}, **floors))
     chan.send(Done())
+
+
+def _close(samples) -> None:
+    for sample in samples:
+        if sample.fd is not None:
+            try:
+                os.close(sample.fd)
+            except OSError:
+                pass
 
 
 def probe(job: Job, chan: Channel) -> None:
