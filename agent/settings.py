@@ -58,9 +58,10 @@ class Settings(BaseModel):
         None, ge=0, description="candidate processes a run's pool starts ahead on each GPU lane (default: as many as "
         "evaluations run on it at once, at least 2; 0: none, each candidate's process starts with it)",
         json_schema_extra=_must("a whole number of processes, at least 0"))
-    settle_s: Optional[float] = Field(
-        None, ge=0, description="the longest a granted GPU lane waits for processes still starting for it before its "
-        "timed phase (default 10; 0: none is waited for)", json_schema_extra=_must("a number of seconds >= 0"))
+    settle_s: float = Field(
+        0.0, ge=0, description="the longest a granted GPU lane waits for processes still starting for it (spares, "
+        "the pool's judges) before its timed phase (default 0: none is waited for; 10 on a host with few cores)",
+        json_schema_extra=_must("a number of seconds >= 0"))
     timer: Optional[str] = Field(None, description="python: never build the native timer, time in the worker's Python")
     graph_timing: bool = Field(False, description="1: also time each case's CUDA-graph replays (the gpu_us column; "
                                "never scored), about 2 s more a candidate on an H200",

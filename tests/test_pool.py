@@ -224,7 +224,7 @@ def test_a_lane_is_granted_once_its_starting_processes_are_warm_and_a_hung_one_i
     spares = Spares(lambda: None, 1.0, 0)
     try:
         lane = Lane(0, None)
-        lane.settle = lambda s: spares.settle(None, min(s, 0.6))
+        lane.settle = lambda: spares.settle(None, 0.6)
         soon = _Starting(time.monotonic() + 0.3)
         spares._starting[None] = [soon]
         t0 = time.monotonic()

@@ -213,7 +213,9 @@ def test_a_pool_stopped_mid_evaluation_leaves_no_process_or_scratch_behind(task_
 
 def test_spares_start_with_the_pool_and_the_first_evaluation_runs_in_one(task_dir, monkeypatch):
     """A run's first evaluation (its starter) is a candidate like the others: its process was started with the pool,
-    and its timed phase waited for every process started for its lane (the starter's timing is the run's bar)."""
+    and, where the lane waits for start-ups (OPTAGENT_SETTLE_S), its timed phase waited for every process started
+    for its lane."""
+    monkeypatch.setenv("OPTAGENT_SETTLE_S", "10")
     rec = Watched(monkeypatch)
     made = _every_warm_worker(monkeypatch)
     pool, source = _pool(task_dir)
@@ -234,6 +236,7 @@ def test_a_timed_phase_waits_for_the_processes_still_starting_for_its_lane(task_
     re-time's second process, still importing beside the first kernel's timing, made 20 of its 32 loops run again
     after a slow host. A lane is granted only once every process started for it (spares, taken or not, and their
     judges) has said its start-up is over (warm_worker.Spares.settle, lanes.Lane.acquire)."""
+    monkeypatch.setenv("OPTAGENT_SETTLE_S", "10")  # the wait is off by default (settings.py says why)
     Watched(monkeypatch)
     made = _every_warm_worker(monkeypatch)
     pool, source = _pool(task_dir)

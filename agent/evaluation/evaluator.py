@@ -82,7 +82,8 @@ class SandboxEvaluator:
 
     def keep_spares(self, per_device: int, lanes: Sequence[Lane] = ()) -> None:
         """A run's pool: candidate processes started before their candidates, per lane device (warm_worker.py);
-        each of `lanes` then holds its timed phases until the processes starting for it are warm (Lane.settle)."""
+        with OPTAGENT_SETTLE_S, each of `lanes` then holds its timed phases until the processes starting for it are
+        warm (Lane.settle), at most that long."""
         if per_device > 0 and warm_worker.available(self.device) and self.spares is None:
             self.spares = Spares(lambda: self._job("candidate", *new_scratch(self.scratch_root), timer=native_timer()),
                                  self.timeout_s, per_device)
@@ -90,8 +91,9 @@ class SandboxEvaluator:
             self.judges = JudgeService(lambda: self._job("judge", *new_scratch(self.scratch_root)), self.timeout_s,
                                        max(SIDE_BY_SIDE, per_device), [lane.device for lane in lanes] or [None],
                                        self.spares.track)
-        for lane in lanes if self.spares is not None else ():
-            lane.settle = partial(self.spares.settle, lane.device)
+        wait_s = settings().settle_s  # none by default: on the H200 the wait cost more than the start-ups beside
+        for lane in lanes if self.spares is not None and wait_s else ():
+            lane.settle = partial(self.spares.settle, lane.device, wait_s)
 
     @staticmethod
     def _judge_job(job: Job) -> Job:

@@ -24,10 +24,7 @@ from pathlib import Path
 from typing import Callable, Hashable, Optional
 
 from optagent.messages import LaneReleased, LaneWanted, Message
-from optagent.settings import LANE_FD_ENV, settings
-
-
-SETTLE_S = 10.0  # at most this long a granted lane waits for start-ups on it to end (Lane.settle); ~5 s each on the H200
+from optagent.settings import LANE_FD_ENV
 
 
 class Stopped(Exception):
@@ -53,9 +50,9 @@ class Lane:
         self._cond = threading.Condition()
         self._queue: deque = deque()
         self._holder: Optional[Hold] = None
-        # waits (at most the seconds given) until no process is starting up for this lane, so that none does
-        # beside a timed phase: set by a pool that starts processes ahead (warm_worker.Spares.settle)
-        self.settle: Optional[Callable[[float], float]] = None
+        # waits (at most OPTAGENT_SETTLE_S) until no process is starting up for this lane, so that none does beside
+        # a timed phase; the seconds waited: set by a pool that starts processes ahead (warm_worker.Spares.settle)
+        self.settle: Optional[Callable[[], float]] = None
         self.settled_s = 0.0  # how long its grants waited for start-ups, in all (bench/eval_cost.py)
 
     def _turn(self, who: Hashable) -> bool:
@@ -74,8 +71,7 @@ class Lane:
             self._holder = hold = Hold(who, time.monotonic())
             self.holds.append(hold)
         if self.settle is not None:  # held: no one else times while the processes starting for it finish
-            limit = settings().settle_s
-            waited = self.settle(SETTLE_S if limit is None else limit)
+            waited = self.settle()
             with self._cond:
                 self.settled_s += waited
                 if self._holder is hold:  # not released meanwhile (its process ended): its turn starts now
