@@ -9,10 +9,9 @@ each package's starter kernels. Per package and language it measures, while time
 
 - two evaluations of the starter, one after the other (width 1): each one's wall time from the
   submission to its verdict and its cost split (EvalResult.costs), and the GPU-busy share of that
-  wall time (nvidia-smi's utilisation, sampled every 100 ms: the share of time a kernel ran); the
-  first starts its candidate process cold, as a run's starter does, and the later ones find the
-  spare processes the pool starts once a candidate's process has ended, as a run's candidates do:
-  a line after the row gives those apart;
+  wall time (nvidia-smi's utilisation, sampled every 100 ms: the share of time a kernel ran); each
+  finds the spare processes the pool starts with itself and once a candidate's process has ended, as a
+  run's evaluations do (one that finds none starts its process cold: a line after the row gives those apart);
 - the repeatability of the two: the largest difference between their per-case medians (GPU time
   by graph replay where there is one, else the eager time), in % of the smaller;
 - a re-time: the kernel and itself re-timed back to back on lane 0 (pool.retime), as a run does
@@ -276,7 +275,8 @@ def print_row(row: dict) -> None:
         costs = [e["costs"] for e in spared if e["costs"]]
         print(f"    in a spare: {statistics.median(e['wall_s'] for e in spared):.1f} s (median of {len(spared)}; "
               + ", ".join(f"{p} {statistics.median(c[p] for c in costs):.2f}" for p in PHASES if costs)
-              + f"); started cold: {', '.join(format(e['wall_s'], '.1f') for e in evals if not e.get('in_spare'))} s",
+              + (f"); started cold: {', '.join(format(e['wall_s'], '.1f') for e in evals if not e.get('in_spare'))} s"
+                 if len(spared) < len(evals) else ")"),
               flush=True)
     for e in evals:
         t = e.get("timer") or {}
@@ -315,7 +315,7 @@ def main() -> None:
     a = p.parse_args()
     bench = Bench(a.budget, Device(a.device), a.timeout)
     langs = [Language(x) for x in a.langs.split(",") if x]
-    print(HEADER + "\n(wall s, phases: medians of the evaluations at width 1, the first started cold; gpu%: nvidia-smi busy share of the "
+    print(HEADER + "\n(wall s, phases: medians of the evaluations at width 1; gpu%: nvidia-smi busy share of the "
           "evaluation; cand/h: 3600 / wall; retime2: two kernels re-timed back to back, s; rep%: max per-case "
           "median difference of the last two)", flush=True)
     try:
