@@ -134,9 +134,9 @@ class Baseline(Message):
     case: str
     timing: Timing
     sizes: str
-    # set by the parent, never read from a worker: the harness's own time a call under the referee
-    # (evaluation/referee.py over_us), from a lane's baseline job
+    # set by the parent, never from a worker: the harness's own time under the referee (evaluation/referee_log.py)
     over_us: Optional[float] = None
+    between_us: Optional[float] = None
 
 
 class Compiled(Message):

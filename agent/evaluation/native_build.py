@@ -85,10 +85,10 @@ def native_timer(root: Optional[Path] = None) -> Optional[NativeTimerSpec]:
             return None
 
 
-_clock: dict[str, Callable[[int, int, int, int], int]] = {}
+_clock: dict[str, Callable[[int, int, int, int, float], int]] = {}
 
 
-def referee_clock(root: Optional[Path] = None) -> Optional[Callable[[int, int, int, int], int]]:
+def referee_clock(root: Optional[Path] = None) -> Optional[Callable[[int, int, int, int, float], int]]:
     """timer.c's optagent_referee_clock, loaded into this (the trusted) process from a private copy of the
     checked build (as the worker loads it: a file a candidate could write is read once and hashed), or None
     where the native timer cannot be built (the referee then keeps its clock in its Python thread)."""
@@ -104,6 +104,6 @@ def referee_clock(root: Optional[Path] = None) -> Optional[Callable[[int, int, i
                     fn = ctypes.CDLL(copy).optagent_referee_clock  # dlopen maps it: the memory file may go
             except (OSError, AttributeError, NotTheBuild):
                 return None
-            fn.argtypes, fn.restype = [ctypes.c_int] * 4, ctypes.c_int
+            fn.argtypes, fn.restype = [ctypes.c_int] * 4 + [ctypes.c_double], ctypes.c_int  # ..., spin_s
             _clock[spec.sha256] = fn
         return _clock[spec.sha256]

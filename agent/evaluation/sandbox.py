@@ -25,7 +25,7 @@ from optagent.evaluation import isolation, safe_files, take_down
 from optagent.evaluation.lanes import Control, Stopped
 from optagent.evaluation.limits import Watch, limits_for, record
 from optagent.evaluation.log_tap import LogTap
-from optagent.evaluation.referee import Referee
+from optagent.evaluation.referee import SPIN_S, Referee
 from optagent.evaluation.report_pipe import ReportPipe
 from optagent.evaluation.scratch import scratch_fd
 from optagent.messages import Done, M, Job, Message, parse_line, parse_messages
@@ -139,7 +139,7 @@ def spawn(job: Job, job_fd: int, job_arg: str, timeout_s: float, control: Option
     mech = isolation.mechanism()
     limits = limits_for(job.device)
     report = ReportPipe() if job.mode in ("candidate", "baseline") and job.timer is not None else None
-    referee = Referee() if refereed(job) else None
+    referee = Referee(SPIN_S[job.device]) if refereed(job) else None
     argv, env = command(job, scratch, job_arg, wfd, marker, mech, limits, prefix, timeout_s)
     control = control or Control()
     env.update(control.env)
@@ -246,8 +246,8 @@ def collect(sp: Spawned, job: Job, timeout_s: float, on_message: Optional[Callab
 
 
 def refereed(job: Job) -> bool:
-    """Whether a referee answers this worker's timed calls: a candidate's or a baseline job's, on any device. On a
-    GPU its clock floors nothing yet (referee.floors_on says why); its seeds, kept calls and digests hold there too."""
+    """Whether a referee answers this worker's timed calls: a candidate's or a baseline job's, on any device (its
+    clock floors the recorded time on each: evaluation/referee.py)."""
     return job.mode in ("candidate", "baseline")
 
 

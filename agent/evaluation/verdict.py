@@ -13,7 +13,7 @@ import time
 from dataclasses import replace
 from typing import Callable, Optional, TypeVar, Union
 
-from optagent.evaluation import referee
+from optagent.evaluation import referee_log
 from optagent.evaluation.limits import over_memory
 from optagent.evaluation.sandbox import WorkerRun
 from optagent.evaluation.timer_check import Checked, check_records, with_timings
@@ -135,7 +135,7 @@ def assemble(job: Job, run: WorkerRun, judge: Optional[JudgeRunner], *, source_s
     timed = [c.case for c in cases if c.status is Status.PASSED and c.kind is not CaseKind.HIDDEN
              and c.case not in untimed]
     refereed, cases = _refereed(job, run, cases, timed)
-    calls = referee.expected_calls(job, run.referee, timed) if run.referee else timer.expected
+    calls = referee_log.expected_calls(job, run.referee, timed) if run.referee else timer.expected
     for label, more in calls.items():
         expected[label] = expected.get(label, []) + more + (timer.graph_expected.get(label, []) if run.referee else [])
     if ran and not timer.reason and not refereed and judge is not None:
@@ -169,29 +169,28 @@ def assemble(job: Job, run: WorkerRun, judge: Optional[JudgeRunner], *, source_s
 
 def _refereed(job: Job, run: WorkerRun, cases: list[CaseResult],
               timed: list[str]) -> tuple[Optional[str], list[CaseResult]]:
-    """Why the referee's log contradicts the timed cases (evaluation/referee.py), or None; and the cases with
+    """Why the referee's log contradicts the timed cases (evaluation/referee_log.py), or None; and the cases with
     no recorded time below the referee's. Without a referee: None, and the cases as they are."""
     if run.referee is None:
         return None, cases
-    why = referee.unrefereed(run.referee, timed)
+    why = referee_log.unrefereed(run.referee, timed)
     if why:
         return why, cases
-    lane = first_per_case(run.all(Baseline)) if not job.time_baseline else {}
+    cals = (referee_log.own_calibration(run.referee, {c.case: c.baseline_us for c in cases}) if job.time_baseline
+            else referee_log.lane_calibration(first_per_case(run.all(Baseline))))
     out = []
     for c in cases:
         lp = run.referee.loop(c.case, False)
         if c.case not in timed or lp is None or c.time_us is None or c.time is None:
             out.append(c)
             continue
-        over = (referee.over_us(run.referee, c.case, c.baseline_us) if job.time_baseline
-                else getattr(lane.get(c.case), "over_us", None))
-        why = referee.forged_claim(c.case, lp, c.time_us, over)
+        cal = cals.get(c.case)
+        why = referee_log.forged_claim(c.case, lp, c.time_us, cal, job.device)
         if why:
             return why, cases
-        seen = referee.seen_us(lp, over)
+        seen = referee_log.seen_us(lp, cal, job.device)
         if seen is not None:  # its figure less its resolution is the floor of what is recorded (c.time: the timer's)
-            floor = referee.floor_us(seen) if referee.floors_on(job.device) else 0.0
-            c = c.model_copy(update={"referee_us": seen, "time_us": max(c.time_us, floor)})
+            c = c.model_copy(update={"referee_us": seen, "time_us": max(c.time_us, referee_log.floor_us(seen))})
         out.append(c)
     return None, out
 
@@ -244,7 +243,7 @@ def _claimed(job: Job, run: WorkerRun, error: Optional[WorkerError],
 def timed_by_timer(job: Job, run: WorkerRun) -> WorkerRun:
     """A baseline job's run with its Baseline timings taken from the native timer's records (without
     its records, or with records that do not hold, it keeps no Baseline at all), each with the harness's
-    own time a call under the referee, where one answered (a CPU's)."""
+    own time under the referee (referee_log.lane_calibration), where one answered."""
     timings: dict = {}
     if job.timer is not None:
         checked = _timer_records(job, run)
@@ -254,7 +253,8 @@ def timed_by_timer(job: Job, run: WorkerRun) -> WorkerRun:
 
     def timed(m: Baseline) -> Baseline:
         timing = timings.get((m.case, LoopKind.BASELINE), m.timing)
-        return m.model_copy(update={"timing": timing, "over_us": referee.over_us(run.referee, m.case, timing.median_us)})
+        over, between = referee_log.case_figures(run.referee, m.case, timing.median_us)
+        return m.model_copy(update={"timing": timing, "over_us": over, "between_us": between})
     return replace(run, messages=[timed(m) if isinstance(m, Baseline) else m for m in run.messages])
 
 

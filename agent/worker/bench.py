@@ -1,9 +1,8 @@
 """Timing, worker side. Captures its clocks at import, before any candidate code.
 
-Eager time is what the contest measures: the whole ``run_kernel`` call, host
-overhead included, closed by a device-wide synchronise so that work pushed to a
-side stream is counted. GPU time is CUDA-graph replay with events. Between
-repetitions the L2 is flushed and the input set rotates.
+Eager time is what the contest measures: the whole ``run_kernel`` call, host overhead included, closed
+by a device-wide synchronise so that work pushed to a side stream is counted. GPU time is CUDA-graph
+replay with events. Between repetitions the L2 is flushed and the input set rotates.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from typing import Callable, Optional
 
 import torch
 
-from optagent.worker import host_speed
+from optagent.worker import host_speed, referee_client
 from optagent.cache import cache_root, write_json
 from optagent.schema import Device, GpuFacts
 
@@ -51,8 +50,7 @@ def patched_timers() -> list[str]:
 SLOW_MIN_ITERS = 5
 WARM_S = 0.05
 IDLE_S = 0.1  # WARM_S of warm-up only after the GPU idled this long since the last loop (native/timer.c)
-# a timing taken on a slow host is taken again once the host is back at its usual speed:
-# waiting at most this long each time, and this long in all per process
+# a slow host's timing is taken again once the host is back at its usual speed: waiting this long each, this long in all
 HOST_WAIT_S = 1.0
 HOST_WAIT_TOTAL_S = 4.0
 
@@ -115,9 +113,8 @@ class Timer:
         return statistics.median(samples)
 
     def _more(self, i: int, start: float) -> bool:
-        """Another timed call? At least min_iters and more while the budget lasts, at most
-        max_iters; a slow kernel (hundreds of ms a call) stops after a few once it has used
-        four budgets, so that a slow starter does not take minutes per case."""
+        """Another timed call? At least min_iters and more while the budget lasts, at most max_iters; a slow
+        kernel (hundreds of ms a call) stops after a few once it has used four budgets (a starter: not minutes)."""
         if i >= self.max_iters:
             return False
         spent = perf_counter() - start
@@ -126,8 +123,8 @@ class Timer:
         return spent < (4 * self.budget_s if i < self.min_iters else self.budget_s)
 
     def eager(self, fn: Callable, arg_sets: list[list], after: Optional[Callable] = None) -> dict:
-        """Median wall time of fn(*args) up to a device-wide sync, sets rotated, L2 flushed,
-        over the calls made while the host ran at its usual speed (host_speed.py)."""
+        """Median wall time of fn(*args) up to a device-wide sync, sets rotated, L2 flushed, over the calls
+        made while the host ran at its usual speed (host_speed.py); each bracketed for a referee (T, D)."""
         with no_gc():
             result = self._eager(fn, arg_sets, after)
             if result["host_slow"] and self._wait_left > 0 and self.host_conditioned:
@@ -157,15 +154,18 @@ class Timer:
         probes: list[float] = []
         start = perf_counter()
         i = 0
+        mark = referee_client.mark if after is not None else lambda kind: None  # the referee's brackets of a call
         while self._more(i, start):
             args = arg_sets[i % len(arg_sets)]
             self.flush_l2()
             self._sync()
             probes.append(host_speed.probe_us())
+            mark("T")
             t0 = perf_counter()
             fn(*args)
             self._sync()
             elapsed = (perf_counter() - t0) * 1e6
+            mark("D")
             if self.device == Device.CUDA:
                 elapsed = max(elapsed - self._sync_us, 0.5)
             samples.append(elapsed)

@@ -48,6 +48,18 @@ def ask(question: str) -> list[str]:
     return line.decode("ascii").split()
 
 
+def fds() -> Optional[tuple[int, int]]:
+    """(answers, questions): for the native timer, which marks each timed call itself (worker/native/timer.c)."""
+    return _FDS
+
+
+def mark(kind: str) -> None:
+    """A timed call's bracket, ``T`` just before it and ``D`` just after its sync (the Python timer's; a no-op
+    without a referee)."""
+    if _FDS is not None:
+        ask(kind)
+
+
 @contextlib.contextmanager
 def timed_loop(label: str, baseline: bool, n_sets: int, n_keep: int) -> Iterator[None]:
     """A timed loop opened and closed with the referee (a no-op without one)."""

@@ -27,7 +27,7 @@ from optagent.messages import Job, NativeTimerSpec
 from optagent.native_copy import checked_copy
 from optagent.schema import Device
 from optagent.timer_records import LoopKind
-from optagent.worker import bench
+from optagent.worker import bench, referee_client
 
 NATIVE: Optional[ModuleType] = None  # set by the worker's main, before any candidate code exists
 MODULE = "_optagent_timer"
@@ -45,6 +45,8 @@ def load_native(spec: NativeTimerSpec, job: Job, secret_fd: int, report_fd: int)
         loader.exec_module(module)
     t = job.timing
     module.init(secret_fd, report_fd, job.device is Device.CUDA, t.min_iters, t.max_iters, t.warmup, t.budget_s)
+    if referee_client.fds() is not None:  # each timed call bracketed for the referee's clock
+        module.referee(*referee_client.fds())
     return module
 
 

@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,6 +86,7 @@ static struct {
     CUdeviceptr flush;
     size_t flush_bytes;
     CUevent ev_start, ev_end;
+    int ref_answers, ref_questions, ref_set; /* the referee's pipes, worker side (referee()), or ref_set 0 */
 } S;
 
 static int cu_fail(CUresult r, const char *what) {
@@ -183,6 +185,44 @@ static int flush_l2(void) {
     if (S.cuda)
         CU(cu.memset_d8_async(S.flush, 0, S.flush_bytes, NULL), "cuMemsetD8Async (L2 flush)");
     return 0;
+}
+
+/* ------------------------------------------------------------------ the referee's marks (worker side)
+ * Under a referee (evaluation/referee.py) each timed call is bracketed: "T" just before the call, "D" just
+ * after its sync, each answered "G" by the referee's clock at once, so the clock's window from T's answer to
+ * D covers the call alone, apart from the harness's redraw, flush and digest between calls. The answer is
+ * awaited spinning (SPIN_S, then blocking): a wake-up from a blocking read would land inside the window. */
+#define SPIN_S 0.005
+
+static int ref_mark(char what) {
+    if (!S.ref_set)
+        return 0;
+    char line[2] = {what, '\n'}, ans[8];
+    if (write(S.ref_questions, line, 2) != 2)
+        goto gone;
+    struct pollfd p = {S.ref_answers, POLLIN, 0};
+    double t0 = now_s();
+    for (;;) {
+        int spin = now_s() - t0 < SPIN_S;
+        int r = poll(&p, 1, spin ? 0 : -1);
+        if (r > 0)
+            break;
+        if (r < 0 && errno != EINTR)
+            goto gone;
+    }
+    size_t n = 0;
+    while (n == 0 || ans[n - 1] != '\n') {
+        ssize_t k = read(S.ref_answers, ans + n, 1); /* one byte at a time: never the next answer's */
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0 || ++n == sizeof ans)
+            goto gone;
+    }
+    if (n == 2 && ans[0] == 'G')
+        return 0;
+gone:
+    PyErr_SetString(PyExc_RuntimeError, "the referee stopped answering the harness");
+    return -1;
 }
 
 static int reset_persisting_l2(void) {
@@ -507,6 +547,8 @@ static PyObject *session_eager(Session *self, PyObject *args) {
             goto out;
         if (host)
             L.probes[i] = probe_us();
+        if (after != NULL && ref_mark('T') < 0) /* a refereed loop always has its after-work */
+            goto out;
         double c0 = now_s();
         PyObject *r = PyObject_Call(fn, PyTuple_GET_ITEM(tuples, set), NULL);
         if (r == NULL)
@@ -515,6 +557,8 @@ static PyObject *session_eager(Session *self, PyObject *args) {
         if (sync_device() < 0)
             goto out;
         double us = (now_s() - c0) * 1e6;
+        if (after != NULL && ref_mark('D') < 0)
+            goto out;
         L.samples[i] = S.cuda ? fmax(us - S.sync_us, 0.5) : us;
         L.n = i + 1;
         if (after_call(self, &L, after, set) < 0)
@@ -687,6 +731,18 @@ static PyObject *timer_wait_for_usual(PyObject *mod, PyObject *args) {
     }
 }
 
+static PyObject *timer_referee(PyObject *mod, PyObject *args) {
+    int answers, questions;
+    if (!PyArg_ParseTuple(args, "ii", &answers, &questions))
+        return NULL;
+    if (S.ref_set) /* once, before any candidate code: a second call is never the harness's */
+        return PyErr_Format(PyExc_RuntimeError, "optagent timer: the referee's pipes are already set");
+    S.ref_answers = answers;
+    S.ref_questions = questions;
+    S.ref_set = 1;
+    Py_RETURN_NONE;
+}
+
 static PyObject *timer_usual_probe_us(PyObject *mod, PyObject *noargs) { return PyFloat_FromDouble(S.usual_probe_us); }
 
 static PyMethodDef timer_methods[] = {
@@ -695,6 +751,7 @@ static PyMethodDef timer_methods[] = {
     {"cuda_setup", timer_cuda_setup, METH_NOARGS, "look up the driver, allocate the L2 flush buffer"},
     {"session", timer_session, METH_VARARGS, "session(case_label, n_sets, n_keep) -> Session"},
     {"wait_for_usual", timer_wait_for_usual, METH_VARARGS, "wait_for_usual(max_s) -> bool"},
+    {"referee", timer_referee, METH_VARARGS, "referee(answers_fd, questions_fd): mark each timed call to it"},
     {"usual_probe_us", timer_usual_probe_us, METH_NOARGS, "the fastest host probe seen"},
     {NULL, NULL, 0, NULL},
 };
@@ -707,7 +764,10 @@ static PyMethodDef timer_methods[] = {
  * answer was written to the moment the next question was read, by CLOCK_MONOTONIC: a thread of a busy
  * Python process would add its own wait for the interpreter's lock to both ends, a jitter of up to
  * milliseconds beside GPU calls of tens of microseconds. It closes the four descriptors when either side
- * ends; a line longer than any question is passed on as "X", which the referee refuses. */
+ * ends; a line longer than any question is passed on as "X", which the referee refuses. A timed call's marks
+ * ("T", "D": ref_mark above) it answers itself ("G"), passing them on stamped, so the call's window holds no
+ * Python; after a "T" it waits for the "D" spinning for up to spin_s (then blocking): its own wake-up from a
+ * blocking read would land in the window. */
 static int relay_write(int fd, const char *buf, size_t n) {
     while (n > 0) {
         ssize_t w = write(fd, buf, n);
@@ -721,11 +781,17 @@ static int relay_write(int fd, const char *buf, size_t n) {
     return 0;
 }
 
-int optagent_referee_clock(int from_worker, int to_worker, int to_referee, int from_referee) {
+int optagent_referee_clock(int from_worker, int to_worker, int to_referee, int from_referee, double spin_s) {
     char q[512], a[256], head[48];
     size_t qn = 0;
     double answered = now_s();
+    int in_call = 0; /* a "T" answered, its "D" not yet heard */
     for (;;) {
+        if (in_call && spin_s > 0) {
+            struct pollfd p = {from_worker, POLLIN, 0};
+            while (now_s() - answered < spin_s && poll(&p, 1, 0) == 0)
+                ;
+        }
         ssize_t r = read(from_worker, q + qn, sizeof q - qn);
         if (r < 0 && errno == EINTR)
             continue;
@@ -736,11 +802,19 @@ int optagent_referee_clock(int from_worker, int to_worker, int to_referee, int f
         char *nl;
         while ((nl = memchr(q, '\n', qn)) != NULL) {
             size_t len = (size_t)(nl - q) + 1, an = 0;
+            int mark = len == 2 && (q[0] == 'T' || q[0] == 'D');
+            in_call = mark && q[0] == 'T';
             int hn = snprintf(head, sizeof head, "%.3f ", (heard - answered) * 1e6);
             if (relay_write(to_referee, head, (size_t)hn) < 0 || relay_write(to_referee, q, len) < 0)
                 goto done;
             memmove(q, q + len, qn - len);
             qn -= len;
+            if (mark) { /* answered here, the referee told (it keeps the order of the marks and the questions) */
+                if (relay_write(to_worker, "G\n", 2) < 0)
+                    goto done;
+                answered = now_s();
+                continue;
+            }
             while (an == 0 || (a[an - 1] != '\n' && an < sizeof a)) {
                 ssize_t k = read(from_referee, a + an, sizeof a - an);
                 if (k < 0 && errno == EINTR)
