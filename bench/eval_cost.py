@@ -114,16 +114,36 @@ class TimerTap:
 
 
 TAP = TimerTap()
-WINDOWS: list = []  # every referee's loops as it finished: (case, baseline loop?, its windows in us), per process
+WINDOWS: list = []  # every referee's loops as it finished, per process: (case, baseline loop?, calls us, between us)
 
 
 def _tap_referees() -> None:
     real = referee.Referee.finish
 
     def finish(self, *a, **k):
-        WINDOWS.append([(lp.label, lp.baseline, [round(w, 1) for w in lp.windows_us]) for lp in self.loops])
-        return real(self, *a, **k)
+        out = real(self, *a, **k)  # its threads joined: the log is whole
+        WINDOWS.append([(lp.label, lp.baseline, [round(w, 1) for w in lp.calls_us], [round(w, 1) for w in lp.between_us])
+                        for lp in self.loops])
+        return out
     referee.Referee.finish = finish
+
+
+def between_lines() -> list[str]:
+    """Per case, the low decile of the time between timed calls by the referee's clock, in trusted (baseline) loops
+    and in candidates' loops: what the moved-work check (referee.MOVED_SLACK) holds one against the other."""
+    lows: dict[str, dict[bool, list[float]]] = {}
+    for process in WINDOWS:
+        for label, baseline, _, between in process:
+            low = referee.quantile(between, 0.1)
+            if low is not None:
+                lows.setdefault(label, {True: [], False: []})[baseline].append(low)
+    out = []
+    for label, kinds in sorted(lows.items()):
+        base, cand = sorted(kinds[True]), sorted(kinds[False])
+        ratio = f"{cand[0] / base[0]:.2f}-{cand[-1] / base[0]:.2f}x the least baseline's" if base and cand else ""
+        out.append(f"case {label}: between calls, baselines {[round(b) for b in base]} us, candidates "
+                   f"{[round(c) for c in cand]} us {ratio}")
+    return out
 
 
 _tap_referees()
@@ -331,6 +351,8 @@ def main() -> None:
             bench.widths(package, langs[0], widths, a.width_candidates)
     finally:
         bench.gpu.close()
+        for line in between_lines():
+            print(f"  {line}", flush=True)
         if a.json_out:
             a.json_out.write_text(json.dumps(bench.rows, indent=1, default=str))
             a.json_out.with_suffix(".windows.json").write_text(json.dumps(WINDOWS))
