@@ -117,8 +117,8 @@ class PhaseStarted(Message):
 
 
 class LaneWanted(Message):
-    """The harness is about to time (the baselines, or the kernel): it waits for its timing lane
-    when the parent gave it a gate (evaluation/lanes.py), and tells the phase's start either way."""
+    """The harness is about to time (the baselines, the kernel) or, on a GPU, to check the kernel (Phase.CASE, held
+    shared): it waits for its lane when the parent gave it a gate (evaluation/lanes.py), and tells the phase's start."""
 
     type: Literal["lane_wanted"] = "lane_wanted"
     phase: Phase

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from optagent.app.build import build_evaluator, build_pool
-from optagent.evaluation.lanes import gpu_visible
+from optagent.evaluation.gpus import gpu_visible
 from optagent.protocols import PoolJob
 from optagent.schema import ClusterEngine, Device, Language, RunConfig
 from optagent.task import load_task

@@ -95,6 +95,64 @@ def test_an_ordered_lane_grants_in_order_and_skips_a_finished_turn():
     assert [h.who for h in base.holds] == [1, 2] and not overlapping(base.holds)
 
 
+def test_shared_holds_run_side_by_side_and_never_beside_a_timed_phase():
+    lane = Lane(0, "0")
+    a, b, t, c = (Gate(lane, w) for w in "abtc")
+    a.on_message(LaneWanted(phase=Phase.CASE))
+    b.on_message(LaneWanted(phase=Phase.CASE))
+    assert granted(a) and granted(b)  # two correctness phases at once
+    t.on_message(LaneWanted(phase=Phase.TIMING))
+    assert not granted(t, 0.3)  # the timed phase waits for both to end...
+    c.on_message(LaneWanted(phase=Phase.CASE))
+    assert not granted(c, 0.3)  # ...and no new shared hold starts while it waits
+    a.on_message(LaneReleased(phase=Phase.CASE))
+    assert not granted(t, 0.2)  # b still checks its kernel
+    b.on_message(LaneReleased(phase=Phase.CASE))
+    assert granted(t)
+    assert not granted(c, 0.3)  # c's correctness runs wait for the timed phase
+    with_judges = threading.Event()
+
+    def judges() -> None:  # the parent's own shared hold (evaluator.py: its judges)
+        with a.shared_hold("judges"):
+            with_judges.set()
+
+    threading.Thread(target=judges, daemon=True).start()
+    assert not with_judges.wait(0.3)
+    t.on_message(LaneReleased(phase=Phase.TIMING))
+    assert granted(c) and with_judges.wait(2.0)
+    assert t.waited_in(Phase.TIMING) > 0.5 and c.waited_in(Phase.CASE) > 0.5 and t.waited_in(Phase.CASE) == 0.0
+    assert t.waited_s() == pytest.approx(t.waited_in(Phase.TIMING))
+    for g in (a, b, t, c):
+        g.close()
+    assert [h.who for h in lane.holds] == ["t"] and lane.holds[0].released
+
+
+def test_a_timed_phase_waits_for_shared_holds_at_most_its_bound_and_a_dead_holder_frees_the_lane():
+    lane = Lane(0, "0")
+    lane.shared_wait_s = 0.4
+    hung, t, dead, waiting = (Gate(lane, w) for w in ("hung", "t", "dead", "waiting"))
+    hung.on_message(LaneWanted(phase=Phase.CASE))
+    assert granted(hung)
+    t0 = time.monotonic()
+    t.on_message(LaneWanted(phase=Phase.TIMING))
+    assert granted(t, 2.0)  # the shared hold never ended: the timed phase went ahead at its bound
+    assert 0.35 <= time.monotonic() - t0 < 1.5
+    waiting.on_message(LaneWanted(phase=Phase.CASE))
+    waiting.close()  # its process ended while it waited: out of the wait
+    t.on_message(LaneReleased(phase=Phase.TIMING))
+    hung.close()  # its process ended holding the lane shared: the next timed phase waits for nothing
+    dead.on_message(LaneWanted(phase=Phase.CASE))
+    assert granted(dead)
+    dead.close()
+    t2 = Gate(lane, "t2")
+    t1 = time.monotonic()
+    t2.on_message(LaneWanted(phase=Phase.TIMING))
+    assert granted(t2) and time.monotonic() - t1 < 0.3
+    for g in (t, t2):
+        g.close()
+    assert not lane._sharing and not lane._share_queue
+
+
 # ------------------------------------------------------------------ real evaluations, 2 lanes, K = 4
 
 @pytest.fixture(scope="module")

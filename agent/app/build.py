@@ -166,7 +166,7 @@ def build_planner(config: RunConfig, task: TaskPackage) -> Planner:
 
 def resolve_device(arg: Optional[str]) -> Device:
     """--device, or cuda when a GPU is visible, else cpu."""
-    from optagent.evaluation.lanes import gpu_visible
+    from optagent.evaluation.gpus import gpu_visible
 
     if arg:
         return Device(arg)

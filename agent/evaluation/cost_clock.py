@@ -25,6 +25,7 @@ class CostClock:
         self.import_s = 0.0
         self.at: dict[str, float] = {}
         self.judge_s = self.lane_wait_s = self.baseline_wait_s = 0.0
+        self.timing_wait_s = 0.0  # of lane_wait_s, the timed phase's own (its span holds it)
 
     def __call__(self, msg: Message) -> None:
         now = time.monotonic()
@@ -59,7 +60,7 @@ class CostClock:
                      compile=self._span("compiling", "compiled"),
                      correctness=self._span("compiled", wanted_t),
                      lane_wait=self.lane_wait_s,
-                     timing=max(0.0, self._span(wanted_t, released_t) - self.lane_wait_s),
+                     timing=max(0.0, self._span(wanted_t, released_t) - self.timing_wait_s),
                      ending=self._span(released_t),
                      judge=self.judge_s)
 

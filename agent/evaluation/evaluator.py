@@ -13,6 +13,7 @@ import importlib.util
 import secrets
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -171,6 +172,7 @@ class SandboxEvaluator:
             if self.spares and judge:  # its timed phase is over: the next candidate's process starts (after a
                 self.spares.top_up(lane_device)  # re-time's batch: pool.retime; not beside the next one's timing)
             clock.lane_wait_s = gate.waited_s() if gate else 0.0
+            clock.timing_wait_s = gate.waited_in(Phase.TIMING) if gate else 0.0
             if baselines is not None:
                 t0 = time.monotonic()
                 run = replace(run, messages=[*baselines(), *run.messages])  # a second one told is a forgery
@@ -178,8 +180,11 @@ class SandboxEvaluator:
 
             def judged(jjob: Job) -> WorkerRun:
                 t0 = time.monotonic()
+                # the judges' GPU work holds the lane shared: never beside another evaluation's timed phase
+                hold = gate.shared_hold("judges") if gate and self.device is Device.CUDA else nullcontext()
                 try:
-                    return self._judge(jjob, relay, control, early, (lane_device, wanted))
+                    with hold:
+                        return self._judge(jjob, relay, control, early, (lane_device, wanted))
                 finally:
                     clock.judge_s = time.monotonic() - t0
                     self._judged = True

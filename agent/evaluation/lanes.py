@@ -1,7 +1,13 @@
-"""Timing lanes, parent side: one per GPU, at most one process timing on it at a time.
+"""Timing lanes, parent side: one per GPU, at most one process timing on it at a time, and nothing else on it
+meanwhile.
 
-A candidate process compiles and checks its kernel whenever the pool lets it run; only its
-timed phases wait for its lane. The child asks with LaneWanted on its result channel and
+A candidate process compiles whenever the pool lets it run. Its timed phases hold its lane alone; its
+correctness runs and the judges' checks (the other GPU work of a pool's evaluations) hold it shared with each
+other, never beside a timed phase: a timed phase starts once the shared holds it found have ended (waiting at
+most SHARED_WAIT_S), and no shared hold starts while a timed phase holds the lane or waits for it. Why: on the
+H200 at width 4 the other evaluations' kernels, sharing the GPU by time slices, stretched a timed loop's calls
+and the harness's work between them by milliseconds, and the referee (evaluation/referee_log.py) rejected
+honest candidates for it. The child asks with LaneWanted on its result channel and
 blocks reading its gate (a pipe passed to it, worker/lane.py); the parent writes one byte
 when the lane is free and takes it back on LaneReleased, or when the process ends (exit,
 kill, timeout): a process that never releases holds only its own evaluation, whose timeout
@@ -13,18 +19,22 @@ release and cancel, and a device to pin its processes to.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
-import subprocess
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Hashable, Optional
+from typing import Callable, Hashable, Iterator, Optional
 
-from optagent.messages import LaneReleased, LaneWanted, Message
+from optagent.messages import LaneReleased, LaneWanted, Message, Phase
 from optagent.settings import LANE_FD_ENV
+
+# How long a timed phase waits for the shared holds it found (a judge's check, another candidate's correctness
+# runs) to end before it times beside them: longer than an evaluation's judging took on the H200 (1.5 s), short
+# beside its timeout. A shared hold starts only after the timed phase (it waits whatever the time).
+SHARED_WAIT_S = 5.0
+SHARED_PHASES = (Phase.CASE,)  # a worker's phases that hold their lane shared; the others hold it alone
 
 
 class Stopped(Exception):
@@ -50,6 +60,9 @@ class Lane:
         self._cond = threading.Condition()
         self._queue: deque = deque()
         self._holder: Optional[Hold] = None
+        self._sharing: dict[Hashable, int] = {}  # who holds the lane shared, how many times
+        self._share_queue: list[Hashable] = []  # who waits for a shared hold (cancel takes them out)
+        self.shared_wait_s = SHARED_WAIT_S
         # waits (at most OPTAGENT_SETTLE_S) until no process is starting up for this lane, so that none does beside
         # a timed phase; the seconds waited: set by a pool that starts processes ahead (warm_worker.Spares.settle)
         self.settle: Optional[Callable[[], float]] = None
@@ -70,6 +83,12 @@ class Lane:
             self._queue.remove(who)
             self._holder = hold = Hold(who, time.monotonic())
             self.holds.append(hold)
+            # held: no shared hold starts now; those already running end first (bounded)
+            deadline = hold.granted + self.shared_wait_s
+            while self._sharing and self._holder is hold and time.monotonic() < deadline:
+                self._cond.wait(max(0.0, deadline - time.monotonic()))
+            if self._holder is hold:
+                hold.granted = time.monotonic()
         if self.settle is not None:  # held: no one else times while the processes starting for it finish
             waited = self.settle()
             with self._cond:
@@ -92,6 +111,45 @@ class Lane:
             if who in self._queue:
                 self._queue.remove(who)
         self.release(who)
+
+    def acquire_shared(self, who: Hashable) -> bool:
+        """Blocks while a timed phase holds the lane or waits for it; then `who` holds it beside any other shared
+        hold. False when `who` was cancelled meanwhile (cancel_shared)."""
+        with self._cond:
+            self._share_queue.append(who)
+            while who in self._share_queue and (self._holder is not None or self._queue):
+                self._cond.wait()
+            if who not in self._share_queue:
+                return False
+            self._share_queue.remove(who)
+            self._sharing[who] = self._sharing.get(who, 0) + 1
+        return True
+
+    def release_shared(self, who: Hashable) -> None:
+        with self._cond:
+            left = self._sharing.get(who, 0) - 1
+            if left > 0:
+                self._sharing[who] = left
+            else:
+                self._sharing.pop(who, None)
+            self._cond.notify_all()
+
+    def cancel_shared(self, who: Hashable) -> None:
+        """`who` will not hold the lane shared (any more): out of the wait; its shared holds are released."""
+        with self._cond:
+            self._share_queue[:] = [w for w in self._share_queue if w != who]
+            self._sharing.pop(who, None)
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def shared(self, who: Hashable) -> Iterator[None]:
+        """The lane held shared for the body (a trusted process's GPU work in the parent's hands: a judge's)."""
+        got = self.acquire_shared(who)
+        try:
+            yield
+        finally:
+            if got:
+                self.release_shared(who)
 
     def _done(self, who: Hashable) -> None:
         pass
@@ -128,6 +186,14 @@ class Control:
     def waited_s(self) -> float:
         return 0.0
 
+    def waited_in(self, phase: Phase) -> float:
+        """Of waited_s, the waits for `phase`'s holds (the cost split's timing excludes its own)."""
+        return 0.0
+
+    def shared_hold(self, who: Hashable) -> contextlib.AbstractContextManager:
+        """The lane held shared by trusted work of this evaluation's (its judges), where it has a lane."""
+        return contextlib.nullcontext()
+
     def stopped(self) -> bool:
         return self.stop is not None and self.stop.is_set()
 
@@ -135,7 +201,8 @@ class Control:
 
 
 class Gate(Control):
-    """The lane gate of one candidate process: granted on LaneWanted, taken back on LaneReleased or close()."""
+    """The lane gate of one candidate process: granted on LaneWanted (shared for SHARED_PHASES, else alone),
+    taken back on LaneReleased or close()."""
 
     def __init__(self, lane: Lane, who: Hashable, stop: Optional[threading.Event] = None):
         super().__init__(lane.device, stop)
@@ -145,33 +212,38 @@ class Gate(Control):
         self.env[LANE_FD_ENV] = str(self._r)
         self._lock = threading.Lock()
         self._asked: Optional[float] = None  # waiting since
+        self._phase: Optional[Phase] = None  # of the hold asked for or held
         self._held = self._closed = False
-        self.waited = 0.0
+        self.waited: dict[Phase, float] = {}
         self.held_s = 0.0
         self._granted = 0.0
 
     def spawned(self) -> None:
         os.close(self._r)  # the child has its copy
 
+    def _shared(self) -> bool:
+        return self._phase in SHARED_PHASES
+
     def on_message(self, msg: Message) -> None:
         with self._lock:
             if isinstance(msg, LaneWanted) and self._asked is None and not self._held and not self._closed:
-                self._asked = time.monotonic()
+                self._asked, self._phase = time.monotonic(), msg.phase
                 threading.Thread(target=self._grant, name="optagent-lane", daemon=True).start()
-            elif isinstance(msg, LaneReleased) and self._held:
+            elif isinstance(msg, LaneReleased) and self._held and msg.phase is self._phase:
                 self._give_back()
             # anything else (a second ask, a release not held) is a forgery the verdict rejects (verdict.ONCE)
 
     def _grant(self) -> None:
-        got = self.lane.acquire(self.who)
+        shared = self._shared()
+        got = (self.lane.acquire_shared if shared else self.lane.acquire)(self.who)
         with self._lock:
-            if self._asked is not None:
-                self.waited += time.monotonic() - self._asked
+            if self._asked is not None and self._phase is not None:
+                self.waited[self._phase] = self.waited.get(self._phase, 0.0) + time.monotonic() - self._asked
                 self._asked = None
             if not got:
                 return
             if self._closed:
-                self.lane.release(self.who)
+                (self.lane.release_shared if shared else self.lane.release)(self.who)
                 return
             self._held, self._granted = True, time.monotonic()
             try:
@@ -182,11 +254,18 @@ class Gate(Control):
     def _give_back(self) -> None:
         self._held = False
         self.held_s += time.monotonic() - self._granted
-        self.lane.release(self.who)
+        (self.lane.release_shared if self._shared() else self.lane.release)(self.who)
 
     def waited_s(self) -> float:
         with self._lock:
-            return self.waited + (time.monotonic() - self._asked if self._asked is not None else 0.0)
+            return sum(self.waited.values()) + (time.monotonic() - self._asked if self._asked is not None else 0.0)
+
+    def waited_in(self, phase: Phase) -> float:
+        with self._lock:
+            return self.waited.get(phase, 0.0)
+
+    def shared_hold(self, who: Hashable) -> contextlib.AbstractContextManager:
+        return self.lane.shared((self.who, who))
 
     def close(self) -> None:
         """The process has ended: its lane is free again, whatever it said."""
@@ -196,42 +275,8 @@ class Gate(Control):
             self._closed = True
             if self._held:
                 self._give_back()
+            elif self._shared():
+                self.lane.cancel_shared(self.who)
             else:
                 self.lane.cancel(self.who)
             os.close(self._w)
-
-
-def _driver_gpus() -> int:
-    """How many GPUs the driver reports, without importing torch (procfs, else nvidia-smi)."""
-    procfs = Path("/proc/driver/nvidia/gpus")
-    if procfs.is_dir():
-        n = sum(1 for _ in procfs.iterdir())
-        if n:
-            return n
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
-            return sum(1 for ln in out.stdout.splitlines() if ln.startswith("GPU")) if out.returncode == 0 else 0
-        except (OSError, subprocess.TimeoutExpired):
-            return 0
-    return 0
-
-
-def visible_gpus() -> list[str]:
-    """The GPUs this host lets us use, as CUDA_VISIBLE_DEVICES entries; without importing torch."""
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is not None:
-        out = []
-        for item in (x.strip() for x in listed.split(",")):
-            if not item or item.startswith("-"):
-                break  # CUDA stops at the first invalid entry
-            out.append(item)
-        return out
-    return [str(i) for i in range(_driver_gpus())]
-
-
-def gpu_visible() -> bool:
-    """Whether a CUDA GPU is visible here: one the driver reports, not hidden by CUDA_VISIBLE_DEVICES."""
-    return bool(visible_gpus()) and _driver_gpus() > 0
-    return []

@@ -29,7 +29,9 @@ from typing import Iterator, Optional, Sequence
 from optagent import waits
 from optagent.evaluation.evaluator import SandboxEvaluator
 from optagent.evaluation import take_down
-from optagent.evaluation.lanes import Control, Gate, Lane, OrderedLane, Stopped, visible_gpus
+from optagent.evaluation.gpus import visible_gpus
+from optagent.evaluation.lanes import Control, Gate, Lane, OrderedLane, Stopped
+from optagent.evaluation.referee_log import NOT_THE_HARNESS
 from optagent.evaluation.timer_check import MOVED
 from optagent.messages import Baseline, Done
 from optagent.progress import ProgressSink, serialised, stamped

@@ -12,10 +12,12 @@ the seeds that rebuild its inputs and a digest that proves it was not rewritten 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -93,35 +95,12 @@ class Candidate:
             return
         chan.send(Compiled(status=Status.PASSED))
         threads = (_threads(), tasks.native_threads())  # Python's view, and the kernel's (worker/tasks.py)
-        checked = []  # (n, case, samples, load_ms) of the cases still to time
-        for n, case in enumerate(job.cases):
-            chan.send(CaseStart(case=case.label))
-            if job.retime:  # timing only (messages.Job.retime): the timed cases go straight to the timing phase
-                if case.kind is CaseKind.HIDDEN:
-                    chan.send(CaseRan(case=case.label, samples=[], load_ms=0.0))
-                else:
-                    checked.append((n, case, [], 0.0))
-                continue
-            t0 = _load_clock()
-            try:
-                fn = backend.load_fresh(f"{n}_{case.label}")
-            except (CompileError, Unsupported) as e:
-                status = Status.UNSUPPORTED if isinstance(e, Unsupported) else Status.COMPILE_ERROR
-                chan.send(CaseFailed(case=case.label, status=status, reason=str(e), kernels=self._facts(backend)))
-                return
-            load_ms = (_load_clock() - t0) * 1e3
-            samples = self._checked_runs(n, case, fn)
-            if samples is None or not self._no_new_threads(threads):
-                return
-            if self.wrong:  # the verdict is INCORRECT whatever the rest does: no case is timed
-                chan.send(CaseRan(case=case.label, samples=samples, load_ms=load_ms, kernels=self._facts(backend),
-                                  untimed=True))
-                chan.send(Done())
-                return
-            if case.kind is CaseKind.HIDDEN:
-                chan.send(CaseRan(case=case.label, samples=samples, load_ms=load_ms, kernels=self._facts(backend)))
-            else:
-                checked.append((n, case, samples, load_ms))
+        # the correctness runs hold the lane shared (on a GPU): never beside another process's timed phase
+        shared = lane(chan, Phase.CASE) if job.device is Device.CUDA and not job.retime else contextlib.nullcontext()
+        with shared:
+            checked = self._correctness(backend, threads)
+        if checked is None:
+            return
         if checked:
             with lane(chan, Phase.TIMING):  # every case checked: only now is the lane worth taking
                 for n, case, samples, load_ms in checked:
@@ -141,6 +120,41 @@ class Candidate:
         if patched:
             chan.send(Integrity(reason=f"patched the harness's timers ({', '.join(patched)})"))
         chan.send(Done())
+
+    def _correctness(self, backend, threads: tuple) -> Optional[list[tuple]]:
+        """Each case loaded, run and checked ((n, case, samples, load_ms) of those to time); None where the
+        evaluation has ended (a case's verdict said; or check() failed one, self.wrong, and Done said)."""
+        job, chan = self.job, self.chan
+        checked = []  # (n, case, samples, load_ms) of the cases still to time
+        for n, case in enumerate(job.cases):
+            chan.send(CaseStart(case=case.label))
+            if job.retime:  # timing only (messages.Job.retime): the timed cases go straight to the timing phase
+                if case.kind is CaseKind.HIDDEN:
+                    chan.send(CaseRan(case=case.label, samples=[], load_ms=0.0))
+                else:
+                    checked.append((n, case, [], 0.0))
+                continue
+            t0 = _load_clock()
+            try:
+                fn = backend.load_fresh(f"{n}_{case.label}")
+            except (CompileError, Unsupported) as e:
+                status = Status.UNSUPPORTED if isinstance(e, Unsupported) else Status.COMPILE_ERROR
+                chan.send(CaseFailed(case=case.label, status=status, reason=str(e), kernels=self._facts(backend)))
+                return None
+            load_ms = (_load_clock() - t0) * 1e3
+            samples = self._checked_runs(n, case, fn)
+            if samples is None or not self._no_new_threads(threads):
+                return None
+            if self.wrong:  # the verdict is INCORRECT whatever the rest does: no case is timed
+                chan.send(CaseRan(case=case.label, samples=samples, load_ms=load_ms, kernels=self._facts(backend),
+                                  untimed=True))
+                chan.send(Done())
+                return None
+            if case.kind is CaseKind.HIDDEN:
+                chan.send(CaseRan(case=case.label, samples=samples, load_ms=load_ms, kernels=self._facts(backend)))
+            else:
+                checked.append((n, case, samples, load_ms))
+        return checked
 
     def run_baselines(self) -> None:
         """The baseline job: the baselines alone, timed in the lane; no candidate code in this process."""
