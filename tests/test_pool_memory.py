@@ -8,6 +8,7 @@ import threading
 import time
 
 from optagent.evaluation.pool import LocalPool
+from optagent.evaluation.referee_log import NOT_THE_HARNESS
 from optagent.evaluation.timer_check import MOVED
 from optagent.evaluation.sandbox import WorkerRun
 from optagent.protocols import PoolJob
@@ -16,6 +17,8 @@ from optagent.schema import Device, EvalResult, Language, Status
 OOM = "case 9: OutOfMemoryError: CUDA out of memory. Tried to allocate 768.00 MiB."
 SLOW = ("case 1: 891 us passed between its timed calls (gpu loop), against 276 us of the harness's own work there "
         f"in the baseline's loop: {MOVED}")
+STRETCHED = ("case 10: the timer's records give 2167 us a call, but the referee's own clock saw 6888 us a call "
+             f"(6950 us in three call windows of four, less 62 us of the harness's own): {NOT_THE_HARNESS}")
 
 
 class CrowdedGpu:
@@ -65,6 +68,8 @@ class CrowdedGpu:
             status, reason = Status.RUNTIME_ERROR, OOM
         elif source == "mover" or (source == "slowed" and crowd > 1):
             status, reason = Status.REJECTED, SLOW
+        elif source == "forger" or (source == "stretched" and crowd > 1):
+            status, reason = Status.REJECTED, STRETCHED
         elif source == "broken":
             status, reason = Status.RUNTIME_ERROR, "case 1: ValueError: no good"
         return EvalResult(status=status, reason=reason, language=language, device=Device.CUDA, source_sha256=source,
@@ -107,4 +112,12 @@ def test_work_moved_in_company_is_looked_at_again_alone_and_a_cheat_is_still_cau
     got, gpu, pool = run(["slowed", "mover", "hungry-1"])
     assert got["slowed"].status is Status.PASSED  # the host was busy, not the kernel
     assert got["mover"].status is Status.REJECTED and got["mover"].reason.endswith(f"{MOVED} (alone on the GPU too)")
+    assert pool.alone_runs == 3
+
+
+def test_a_claim_the_referee_saw_stretched_in_company_is_looked_at_again_alone_and_a_forger_is_still_caught():
+    got, gpu, pool = run(["stretched", "forger", "hungry-1"])
+    assert got["stretched"].status is Status.PASSED  # the neighbours stretched the referee's windows
+    assert got["forger"].status is Status.REJECTED
+    assert got["forger"].reason.endswith(f"{NOT_THE_HARNESS} (alone on the GPU too)")
     assert pool.alone_runs == 3

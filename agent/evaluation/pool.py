@@ -203,16 +203,18 @@ class LocalPool:
 
 
 def crowded(result: EvalResult) -> bool:
-    """A GPU verdict that other evaluations beside it can cause: the device's memory ran out, or the harness's
+    """A GPU verdict that other evaluations beside it can cause: the device's memory ran out, the harness's
     work between timed calls ran slower than the lane's baseline job measured it on an idle host (on the
-    H200, 891 us against 276 with sixteen busy processes on sixteen cores). A kernel that moves work there
-    moves it alone too: the check does not rest on chance, so running it again gives a cheat nothing."""
+    H200, 891 us against 276 with sixteen busy processes on sixteen cores), or the referee's clock saw the
+    calls take far longer than the timer's records say (a busy host stretches the referee's windows, which
+    the timer's host-speed probe leaves out of its claim). A kernel that moves work there, or forges its
+    records, does so alone too: the checks do not rest on chance, so running it again gives a cheat nothing."""
     reason = result.reason or ""
     if result.device is not Device.CUDA:
         return False
     if result.status is Status.RUNTIME_ERROR:
         return any(m in reason for m in ("CUDA out of memory", "OutOfMemoryError", "CUDA_ERROR_OUT_OF_MEMORY"))
-    return result.status is Status.REJECTED and reason.endswith(MOVED)
+    return result.status is Status.REJECTED and reason.endswith((MOVED, NOT_THE_HARNESS))
 
 
 class Crowd:
