@@ -72,3 +72,24 @@ def test_cpu_interpreter_timings_are_not_conditioned_or_retried(tmp_path, monkey
     calls = []
     t = timer.eager(lambda: calls.append(1), [[]])
     assert len(calls) == 1 + 3 and not t["host_slow"] and t["samples"] == 3
+
+
+def test_a_wait_that_finds_the_host_still_slow_is_the_process_last(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPTAGENT_CACHE", str(tmp_path))
+    timer = Timer("cpu", min_iters=4, max_iters=4, budget_s=10.0, warmup=1)
+    timer._usual_probe = 10.0
+    timer.host_conditioned = True  # as on a GPU
+    monkeypatch.setattr(host_speed, "probe_us", lambda: 20.0)  # a slow stretch, longer than any wait
+    waits = []
+
+    def wait(usual: float, max_s: float) -> bool:
+        waits.append(max_s)
+        return False
+
+    monkeypatch.setattr(host_speed, "wait_for_usual", wait)
+    calls = []
+    for _ in range(3):  # three cases
+        t = timer.eager(lambda: calls.append(1), [[]])
+        assert t["host_slow"] and t["samples"] == 4
+    assert waits == [1.0]  # one wait, not one a case up to the 4 s in all
+    assert len(calls) == 3 * (1 + 4)  # and no loop was taken again

@@ -130,7 +130,7 @@ class Timer:
             if result["host_slow"] and self._wait_left > 0 and self.host_conditioned:
                 t0 = perf_counter()
                 usual = host_speed.wait_for_usual(self._usual_probe, min(HOST_WAIT_S, self._wait_left))
-                self._wait_left -= perf_counter() - t0
+                self._wait_left = self._wait_left - (perf_counter() - t0) if usual else 0.0  # (host_speed.py)
                 if usual:  # the retry's calls go through `after` too: their outputs are checked alike
                     again = self._eager(fn, arg_sets, after)
                     result = min(result, again, key=lambda r: (r["host_slow"], r["median_us"]))

@@ -8,7 +8,9 @@ outside the timed region, and the estimate keeps the calls whose probe ran at th
 speed: the fastest probe seen on this machine (cached per CPU model and Python version)
 or in this loop, with some slack. When too few calls qualify, the timer waits a moment
 for the usual speed and times again; if the host stays slow, every call counts and the
-timing says so.
+timing says so, and the process waits no more: a slow stretch lasts seconds, and on the H200
+a CUDA decode candidate's timed phase spent 3.6 of its 5.2 s in waits that mostly found the
+host still slow (docs/gpu.md, 2026-12-04).
 """
 
 from __future__ import annotations

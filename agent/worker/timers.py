@@ -84,7 +84,7 @@ class NativeTimer:
             if result["host_slow"] and self._wait_left > 0 and self.device is Device.CUDA:
                 t0 = time.monotonic()
                 usual = self.mod.wait_for_usual(min(bench.HOST_WAIT_S, self._wait_left))
-                self._wait_left -= time.monotonic() - t0
+                self._wait_left = self._wait_left - (time.monotonic() - t0) if usual else 0.0  # (host_speed.py)
                 if usual:  # the retry's calls are checked alike
                     again = session.eager(kind.value, fn, sets, after)
                     if on_loop is not None:
