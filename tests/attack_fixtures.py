@@ -24,3 +24,13 @@ def attack(name: str) -> tuple[str, Language]:
 
 def attack_source(name: str) -> str:
     return attack(name)[0]
+
+
+def aborted(reason: str) -> bool:
+    """A verdict's words for a process that called abort(): SIGABRT; or, where the worker is the first process of
+    a PID namespace of its own (unshare --pid, beside Landlock: no bwrap init above it), SIGSEGV, since the kernel
+    drops the signals such a process sends itself and the C library's abort() then faults."""
+    from optagent.evaluation import isolation
+    from optagent.schema import Mechanism
+
+    return "SIGABRT" in reason or ("SIGSEGV" in reason and isolation.mechanism() is not Mechanism.BWRAP)

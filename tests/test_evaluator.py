@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from attack_fixtures import aborted
 from optagent.evaluation.evaluator import SandboxEvaluator
 from optagent.evaluation.cases import parse_case_list, select_cases
 from optagent.schema import CaseKind, EvalResult, Language, Status
@@ -102,7 +103,7 @@ def test_kernel_that_kills_its_process_is_a_runtime_error(task, starter):
     # Behind the scan (which obfuscation can dodge), the crash itself is still a verdict:
     result = evaluator(task, static_scan=False).evaluate(crash, Language.TRITON)
     assert result.status is Status.RUNTIME_ERROR
-    assert "SIGABRT" in result.reason
+    assert aborted(result.reason), result.reason
 
 
 def test_exception_in_run_kernel_is_a_runtime_error_naming_it(task, starter):
