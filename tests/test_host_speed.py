@@ -93,3 +93,26 @@ def test_a_wait_that_finds_the_host_still_slow_is_the_process_last(tmp_path, mon
         assert t["host_slow"] and t["samples"] == 4
     assert waits == [1.0]  # one wait, not one a case up to the 4 s in all
     assert len(calls) == 3 * (1 + 4)  # and no loop was taken again
+
+
+def test_the_native_timer_too_waits_no_more_once_a_wait_found_the_host_still_slow():
+    from types import SimpleNamespace
+
+    from optagent.schema import Device
+    from optagent.timer_records import LoopKind
+    from optagent.worker.timers import NativeTimer
+
+    waits, loops = [], []
+
+    class Session:
+        def eager(self, kind, fn, sets, after):
+            loops.append(kind)
+            return {"host_slow": True, "median_us": 5.0, "check": []}
+
+    module = SimpleNamespace(session=lambda label, n_sets, n_keep: Session(),
+                             wait_for_usual=lambda max_s: waits.append(max_s) or False)
+    timer = NativeTimer(module, SimpleNamespace(device=Device.CPU))
+    timer.device = Device.CUDA  # its waits are a GPU's (no CUDA set-up here)
+    for label in ("1", "2", "3"):
+        assert timer.eager(label, LoopKind.EAGER, lambda: None, [[]])["host_slow"]
+    assert waits == [1.0] and loops == ["eager"] * 3
