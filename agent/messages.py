@@ -21,8 +21,7 @@ class CaseSpec(Record):
     kind: CaseKind
     index: Optional[int] = None  # contest cases: the 1-based index fed to getTestCaseSize
     params: Optional[dict] = None  # smoke/hidden cases: passed to hooks.make_case
-    # a smoke case derived from a contest case (no manifest): its leading dimension shrunk to this many elements
-    max_elements: Optional[int] = None
+    max_elements: Optional[int] = None  # a smoke case cut from a contest case (no manifest): its leading dimension
 
 
 class TimingSpec(Record):
@@ -88,6 +87,7 @@ class Job(Record):
     source_dot: bool = False  # judge: the candidate's source calls a dot (interpreter_faults)
     time_baseline: bool = True  # candidate: time the baselines first (off where a pool times them once per lane)
     retime: bool = False  # candidate: timing only, no checked run, nothing saved (a re-time: search/accept.py)
+    shared_checks: bool = False  # candidate: its correctness runs hold the lane shared (evaluation/lanes.py)
     timer: Optional[NativeTimerSpec] = None  # candidate: the native timer (None: the Python one)
     expected: dict[str, list[ExpectedSample]] = Field(default_factory=dict)  # judge: samples that must exist
     guard: bool = True  # candidate: the in-process guard (worker/guard.py); off only in tests of the OS's containment
@@ -117,8 +117,8 @@ class PhaseStarted(Message):
 
 
 class LaneWanted(Message):
-    """The harness is about to time (the baselines, the kernel) or, on a GPU, to check the kernel (Phase.CASE, held
-    shared): it waits for its lane when the parent gave it a gate (evaluation/lanes.py), and tells the phase's start."""
+    """The harness is about to time or (Phase.CASE, Job.shared_checks) to check the kernel: it waits for its lane
+    where the parent gave it a gate (evaluation/lanes.py), and tells the phase's start either way."""
 
     type: Literal["lane_wanted"] = "lane_wanted"
     phase: Phase

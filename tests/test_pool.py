@@ -158,8 +158,12 @@ def test_a_timed_phase_waits_for_shared_holds_at_most_its_bound_and_a_dead_holde
 
 @pytest.fixture(scope="module")
 def round_of_four(task, starter):
-    pool = LocalPool(evaluator(task), jobs=4, devices=[None, None])
+    ev = evaluator(task)
+    ev.shared_checks = True  # as on a GPU: correctness runs and judges hold the lane shared
+    pool = LocalPool(ev, jobs=4, devices=[None, None])
     assert isinstance(pool, Pool) and pool.lanes == 2
+    for lane in pool.lane_list:
+        lane.shared_wait_s = 600.0  # a slow host's checks are waited for: so that none overlaps a timed phase here
     dies = with_body(starter, "    import os\n" + IN_TIMING + "        os.abort()\n")
     jobs = [PoolJob(0, starter, Language.TRITON), PoolJob(1, (ATTACKS / "fork_bomb.py").read_text(), Language.TRITON),
             PoolJob(2, dies, Language.TRITON), PoolJob(3, starter, Language.TRITON)]
@@ -188,6 +192,17 @@ def test_timing_never_overlaps_on_a_lane_and_a_dead_holder_frees_it(round_of_fou
         assert all(h.released for h in lane.holds)  # the process that aborted mid-timing released too
         assert not overlapping(lane.holds)
     assert pool.baseline_runs == 2  # once per lane, reused
+
+
+def test_correctness_runs_and_judges_hold_the_lane_shared_never_beside_its_timed_phases(round_of_four):
+    pool, seen, _ = round_of_four
+    shared = [h for lane in pool.lane_list for h in lane.shared_holds]
+    judged = [h for h in shared if isinstance(h.who, tuple) and h.who[-1] == "judges"]
+    assert len(judged) == 2 and len(shared) >= 2 + 2  # the two passing kernels' checks and their judges
+    for lane in pool.lane_list:
+        assert all(h.released for h in lane.shared_holds)  # the aborted process's too
+        for s in lane.shared_holds:
+            assert not any(s.granted < t.released and t.granted < s.released for t in lane.holds), (s, lane.holds)
 
 
 def test_the_cost_split_is_present_and_sums_to_about_wall_s(round_of_four):

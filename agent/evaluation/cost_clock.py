@@ -25,7 +25,7 @@ class CostClock:
         self.import_s = 0.0
         self.at: dict[str, float] = {}
         self.judge_s = self.lane_wait_s = self.baseline_wait_s = 0.0
-        self.timing_wait_s = 0.0  # of lane_wait_s, the timed phase's own (its span holds it)
+        self.timing_wait_s = self.case_wait_s = 0.0  # of lane_wait_s, the timed and checking phases' own
 
     def __call__(self, msg: Message) -> None:
         now = time.monotonic()
@@ -58,7 +58,7 @@ class CostClock:
         return Costs(spawn=spawn, imports=self.import_s if hello is not None else 0.0,
                      baseline=self._span(wanted_b, released_b) + self.baseline_wait_s,
                      compile=self._span("compiling", "compiled"),
-                     correctness=self._span("compiled", wanted_t),
+                     correctness=max(0.0, self._span("compiled", wanted_t) - self.case_wait_s),
                      lane_wait=self.lane_wait_s,
                      timing=max(0.0, self._span(wanted_t, released_t) - self.timing_wait_s),
                      ending=self._span(released_t),

@@ -76,6 +76,9 @@ class SandboxEvaluator:
         self.timing = (TimingSpec(input_sets=referee.ONE_SET, graphs=settings().graph_timing)
                        if self.device is Device.CUDA
                        else TimingSpec(min_iters=3, max_iters=3, budget_s=0.0, input_sets=referee.ONE_SET, warmup=1))
+        # a pool's lane: a candidate's correctness runs and its judges hold it shared, never beside a timed phase
+        # (evaluation/lanes.py); on a GPU, where their kernels would share the device with the timed calls
+        self.shared_checks = self.device is Device.CUDA
         self.spares: Optional[Spares] = None  # candidate processes started ahead (keep_spares)
         self.judges: Optional[JudgeService] = None  # and judges that serve one evaluation after another
         self._judged = False  # no judge has run yet: the first runs alone (it measures the GPU's ceilings)
@@ -156,7 +159,8 @@ class SandboxEvaluator:
             job = self._job("candidate", scratch, nonce, language=language, source_path=str(src),
                             outputs_dir=str(scratch / "outputs"), source_fp8=source_uses_fp8(source),
                             source_dot=source_uses_dot(source),
-                            time_baseline=baselines is None, timer=timer, retime=not judge)
+                            time_baseline=baselines is None, timer=timer, retime=not judge,
+                            shared_checks=self.shared_checks)
             if progress:
                 progress(Progress(phase=Phase.STARTING))
             wanted = (judges or SIDE_BY_SIDE) if self._judged else 1
@@ -173,6 +177,7 @@ class SandboxEvaluator:
                 self.spares.top_up(lane_device)  # re-time's batch: pool.retime; not beside the next one's timing)
             clock.lane_wait_s = gate.waited_s() if gate else 0.0
             clock.timing_wait_s = gate.waited_in(Phase.TIMING) if gate else 0.0
+            clock.case_wait_s = gate.waited_in(Phase.CASE) if gate else 0.0
             if baselines is not None:
                 t0 = time.monotonic()
                 run = replace(run, messages=[*baselines(), *run.messages])  # a second one told is a forgery
@@ -180,8 +185,7 @@ class SandboxEvaluator:
 
             def judged(jjob: Job) -> WorkerRun:
                 t0 = time.monotonic()
-                # the judges' GPU work holds the lane shared: never beside another evaluation's timed phase
-                hold = gate.shared_hold("judges") if gate and self.device is Device.CUDA else nullcontext()
+                hold = gate.shared_hold("judges") if gate and self.shared_checks else nullcontext()
                 try:
                     with hold:
                         return self._judge(jjob, relay, control, early, (lane_device, wanted))

@@ -61,6 +61,7 @@ class Lane:
         self._queue: deque = deque()
         self._holder: Optional[Hold] = None
         self._sharing: dict[Hashable, int] = {}  # who holds the lane shared, how many times
+        self.shared_holds: list[Hold] = []  # each shared hold, as `holds` for the timed ones
         self._share_queue: list[Hashable] = []  # who waits for a shared hold (cancel takes them out)
         self.shared_wait_s = SHARED_WAIT_S
         # waits (at most OPTAGENT_SETTLE_S) until no process is starting up for this lane, so that none does beside
@@ -123,7 +124,14 @@ class Lane:
                 return False
             self._share_queue.remove(who)
             self._sharing[who] = self._sharing.get(who, 0) + 1
+            self.shared_holds.append(Hold(who, time.monotonic()))
         return True
+
+    def _end_shared(self, who: Hashable, every: bool) -> None:
+        for hold in (h for h in self.shared_holds if h.who == who and h.released is None):
+            hold.released = time.monotonic()
+            if not every:
+                return
 
     def release_shared(self, who: Hashable) -> None:
         with self._cond:
@@ -132,6 +140,7 @@ class Lane:
                 self._sharing[who] = left
             else:
                 self._sharing.pop(who, None)
+            self._end_shared(who, every=False)
             self._cond.notify_all()
 
     def cancel_shared(self, who: Hashable) -> None:
@@ -139,6 +148,7 @@ class Lane:
         with self._cond:
             self._share_queue[:] = [w for w in self._share_queue if w != who]
             self._sharing.pop(who, None)
+            self._end_shared(who, every=True)
             self._cond.notify_all()
 
     @contextlib.contextmanager

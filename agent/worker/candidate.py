@@ -96,7 +96,7 @@ class Candidate:
         chan.send(Compiled(status=Status.PASSED))
         threads = (_threads(), tasks.native_threads())  # Python's view, and the kernel's (worker/tasks.py)
         # the correctness runs hold the lane shared (on a GPU): never beside another process's timed phase
-        shared = lane(chan, Phase.CASE) if job.device is Device.CUDA and not job.retime else contextlib.nullcontext()
+        shared = lane(chan, Phase.CASE) if job.shared_checks and not job.retime else contextlib.nullcontext()
         with shared:
             checked = self._correctness(backend, threads)
         if checked is None:
