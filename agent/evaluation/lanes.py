@@ -60,8 +60,8 @@ class Lane:
         self._cond = threading.Condition()
         self._queue: deque = deque()
         self._holder: Optional[Hold] = None
-        self._sharing: dict[Hashable, int] = {}  # who holds the lane shared, how many times
         self.shared_holds: list[Hold] = []  # each shared hold, as `holds` for the timed ones
+        self._sharing: list[Hold] = []  # of those, the ones held now
         self._share_queue: list[Hashable] = []  # who waits for a shared hold (cancel takes them out)
         self.shared_wait_s = SHARED_WAIT_S
         # waits (at most OPTAGENT_SETTLE_S) until no process is starting up for this lane, so that none does beside
@@ -123,33 +123,26 @@ class Lane:
             if who not in self._share_queue:
                 return False
             self._share_queue.remove(who)
-            self._sharing[who] = self._sharing.get(who, 0) + 1
-            self.shared_holds.append(Hold(who, time.monotonic()))
+            hold = Hold(who, time.monotonic())
+            self.shared_holds.append(hold)
+            self._sharing.append(hold)
         return True
 
     def _end_shared(self, who: Hashable, every: bool) -> None:
-        for hold in (h for h in self.shared_holds if h.who == who and h.released is None):
+        for hold in [h for h in self._sharing if h.who == who][: None if every else 1]:
             hold.released = time.monotonic()
-            if not every:
-                return
+            self._sharing.remove(hold)
+        self._cond.notify_all()
 
     def release_shared(self, who: Hashable) -> None:
         with self._cond:
-            left = self._sharing.get(who, 0) - 1
-            if left > 0:
-                self._sharing[who] = left
-            else:
-                self._sharing.pop(who, None)
             self._end_shared(who, every=False)
-            self._cond.notify_all()
 
     def cancel_shared(self, who: Hashable) -> None:
         """`who` will not hold the lane shared (any more): out of the wait; its shared holds are released."""
         with self._cond:
             self._share_queue[:] = [w for w in self._share_queue if w != who]
-            self._sharing.pop(who, None)
             self._end_shared(who, every=True)
-            self._cond.notify_all()
 
     @contextlib.contextmanager
     def shared(self, who: Hashable) -> Iterator[None]:

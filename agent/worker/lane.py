@@ -3,9 +3,10 @@
 The parent (evaluation/lanes.py) may pass a gate: the read end of a pipe whose number is in
 LANE_FD_ENV. Before a timed phase the harness says LaneWanted on its result channel and blocks
 reading one byte from the gate, which the parent writes when no other process times on this
-lane's device; after the phase it says LaneReleased. On a GPU its correctness runs ask the same way
-for a shared hold (Phase.CASE), granted beside other shared holds and never beside a timed phase. Without a gate the two messages only mark
-the phase (its cost). The gate's number is read at import, before any candidate code runs.
+lane's device; after the phase it says LaneReleased. Where the job says so (Job.shared_checks: on a
+GPU) its correctness runs ask the same way for a shared hold (Phase.CASE), granted beside other
+shared holds and never beside a timed phase. Without a gate the messages only mark the phase (its
+cost). The gate's number is read at import, before any candidate code runs.
 """
 
 from __future__ import annotations
