@@ -88,7 +88,7 @@ class Timer:
         self.host_conditioned = device == Device.CUDA
         self._usual_probe = (host_speed.usual_probe_us(min(host_speed.probe_us() for _ in range(200)))
                              if self.host_conditioned else 0.0)
-        self._wait_left = HOST_WAIT_TOTAL_S
+        self._waits = host_speed.WaitBudget(HOST_WAIT_S, HOST_WAIT_TOTAL_S)
         self._last_end = float("-inf")  # when the last loop ended (none yet: as after an idle spell)
         if device == Device.CUDA:
             l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
@@ -127,13 +127,10 @@ class Timer:
         made while the host ran at its usual speed (host_speed.py); each bracketed for a referee (T, D)."""
         with no_gc():
             result = self._eager(fn, arg_sets, after)
-            if result["host_slow"] and self._wait_left > 0 and self.host_conditioned:
-                t0 = perf_counter()
-                usual = host_speed.wait_for_usual(self._usual_probe, min(HOST_WAIT_S, self._wait_left))
-                self._wait_left = self._wait_left - (perf_counter() - t0) if usual else 0.0  # (host_speed.py)
-                if usual:  # the retry's calls go through `after` too: their outputs are checked alike
-                    again = self._eager(fn, arg_sets, after)
-                    result = min(result, again, key=lambda r: (r["host_slow"], r["median_us"]))
+            if result["host_slow"] and self.host_conditioned and \
+                    self._waits.wait(lambda max_s: host_speed.wait_for_usual(self._usual_probe, max_s)):
+                again = self._eager(fn, arg_sets, after)  # its calls go through `after` too: checked alike
+                result = min(result, again, key=lambda r: (r["host_slow"], r["median_us"]))
             return result
 
     def _eager(self, fn: Callable, arg_sets: list[list], after: Optional[Callable]) -> dict:

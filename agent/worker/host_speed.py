@@ -20,6 +20,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from optagent.cache import cache_root, write_json
 
@@ -43,6 +44,23 @@ def wait_for_usual(usual: float, max_s: float) -> bool:
             return False
         time.sleep(0.02)
     return True
+
+
+class WaitBudget:
+    """A process's waits for the usual speed before a slow loop is timed again, for either timer: each_s at most
+    each, total_s in all, and none after one that found the host still slow (the module's note says why)."""
+
+    def __init__(self, each_s: float, total_s: float):
+        self.each_s, self.left = each_s, total_s
+
+    def wait(self, wait_for: Callable[[float], bool]) -> bool:
+        """wait_for(max_s): the timer's own wait; whether the host is at its usual speed again."""
+        if self.left <= 0:
+            return False
+        t0 = _perf_counter()
+        usual = wait_for(min(self.each_s, self.left))
+        self.left = self.left - (_perf_counter() - t0) if usual else 0.0
+        return usual
 
 
 def _machine_key() -> str:

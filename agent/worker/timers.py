@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import random
-import time
 from types import ModuleType
 from typing import Callable, Optional
 
@@ -27,7 +26,7 @@ from optagent.messages import Job, NativeTimerSpec
 from optagent.native_copy import checked_copy
 from optagent.schema import Device
 from optagent.timer_records import LoopKind
-from optagent.worker import bench, referee_client
+from optagent.worker import bench, host_speed, referee_client
 
 NATIVE: Optional[ModuleType] = None  # set by the worker's main, before any candidate code exists
 MODULE = "_optagent_timer"
@@ -59,7 +58,7 @@ class NativeTimer:
 
     def __init__(self, module: ModuleType, job: Job):
         self.mod, self.device = module, job.device
-        self._wait_left = bench.HOST_WAIT_TOTAL_S
+        self._waits = host_speed.WaitBudget(bench.HOST_WAIT_S, bench.HOST_WAIT_TOTAL_S)
         self._sessions: dict[tuple[str, bool], object] = {}
         if job.device is Device.CUDA:
             torch.empty(1, device="cuda")  # the primary context exists and is current on this thread
@@ -81,16 +80,12 @@ class NativeTimer:
             check = list(result["check"])
             if on_loop is not None:  # this loop's kept calls saved now: the retry's calls replace the latest ones
                 on_loop(result["check"])
-            if result["host_slow"] and self._wait_left > 0 and self.device is Device.CUDA:
-                t0 = time.monotonic()
-                usual = self.mod.wait_for_usual(min(bench.HOST_WAIT_S, self._wait_left))
-                self._wait_left = self._wait_left - (time.monotonic() - t0) if usual else 0.0  # (host_speed.py)
-                if usual:  # the retry's calls are checked alike
-                    again = session.eager(kind.value, fn, sets, after)
-                    if on_loop is not None:
-                        on_loop(again["check"])
-                    check += again["check"]
-                    result = min(result, again, key=lambda r: (r["host_slow"], r["median_us"]))
+            if result["host_slow"] and self.device is Device.CUDA and self._waits.wait(self.mod.wait_for_usual):
+                again = session.eager(kind.value, fn, sets, after)  # the retry's calls are checked alike
+                if on_loop is not None:
+                    on_loop(again["check"])
+                check += again["check"]
+                result = min(result, again, key=lambda r: (r["host_slow"], r["median_us"]))
         return {**result, "check": [] if on_loop is not None else check}
 
     def gpu(self, label: str, fn: Callable, sets: list[list], capturable: bool, after: Optional[Callable],
