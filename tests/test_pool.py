@@ -91,6 +91,8 @@ def test_an_ordered_lane_grants_in_order_and_skips_a_finished_turn():
     gates[1].on_message(LaneWanted(phase=Phase.TIMING))
     assert granted(gates[1]) and not granted(gates[2], 0.3)
     gates[1].on_message(LaneReleased(phase=Phase.TIMING))
+    assert not granted(gates[2], 0.3)  # a timed phase's word is not its end: its process may still run code
+    gates[1].close()
     assert granted(gates[2])
     gates[2].close()
     assert [h.who for h in base.holds] == [1, 2] and not overlapping(base.holds)
@@ -119,7 +121,7 @@ def test_shared_holds_run_side_by_side_and_never_beside_a_timed_phase():
 
     threading.Thread(target=judges, daemon=True).start()
     assert not with_judges.wait(0.3)
-    t.on_message(LaneReleased(phase=Phase.TIMING))
+    t.close()  # its process ended (its LaneReleased alone would not do: HELD_TO_THE_END)
     assert granted(c) and with_judges.wait(2.0)
     assert t.waited_in(Phase.TIMING) > 0.5 and c.waited_in(Phase.CASE) > 0.5 and t.waited_in(Phase.CASE) == 0.0
     assert t.waited_s() == pytest.approx(t.waited_in(Phase.TIMING))
@@ -140,7 +142,7 @@ def test_a_timed_phase_waits_for_shared_holds_at_most_its_bound_and_a_dead_holde
     assert 0.35 <= time.monotonic() - t0 < 1.5
     waiting.on_message(LaneWanted(phase=Phase.CASE))
     waiting.close()  # its process ended while it waited: out of the wait
-    t.on_message(LaneReleased(phase=Phase.TIMING))
+    t.close()
     hung.close()  # its process ended holding the lane shared: the next timed phase waits for nothing
     dead.on_message(LaneWanted(phase=Phase.CASE))
     assert granted(dead)
@@ -228,6 +230,39 @@ def test_retime_runs_back_to_back_on_one_lane_in_order(task, starter):
     assert all(retime.granted <= h.granted and h.released <= retime.released for h in ours)  # nothing between
     assert not pool.lane_list[1].holds
     assert results[0].cases[0].baseline_us == results[1].cases[0].baseline_us  # one baseline: side by side
+
+
+# Candidate code that runs on after its timed phase has said it is over: the harness's channel patched (the scan
+# off) so that, once the worker has told LaneReleased for its timed phase, the process sleeps LINGER_S before its Done.
+LINGER_S = 3.0
+LINGERS = (
+    "    import sys, time\n"
+    "    messages = sys.modules['optagent.messages']\n"
+    "    if not getattr(messages.Channel.send, 'lingers', False):\n"
+    "        real = messages.Channel.send\n"
+    "        def send(self, msg, real=real):\n"
+    "            real(self, msg)\n"
+    "            if type(msg).__name__ == 'LaneReleased' and msg.phase.value == 'timing':\n"
+    f"                time.sleep({LINGER_S})\n"
+    "        send.lingers = True\n"
+    "        messages.Channel.send = send\n")
+
+
+def test_a_timed_phase_holds_its_lane_until_its_process_has_ended(task, starter):
+    """What a candidate's process does after its timed phase (here: sleep; as well: launch work on the GPU) never
+    runs beside another process's timed phase: the parent takes the lane back at the process's end, not at its word."""
+    pool = LocalPool(evaluator(task), jobs=2, devices=[None])
+    late = with_body(starter, "    import time\n    run_kernel.calls = getattr(run_kernel, 'calls', 0) + 1\n"
+                              "    if run_kernel.calls <= 2:\n        time.sleep(1.5)\n")  # wants the lane meanwhile
+    got = {job.key: r for job, r in pool.evaluate([PoolJob(0, with_body(starter, LINGERS), Language.TRITON),
+                                                    PoolJob(1, late, Language.TRITON)])}
+    pool.close()
+    assert got[0].status is Status.PASSED and got[1].status is Status.PASSED, (got[0].reason, got[1].reason)
+    holds = [h for h in pool.lane_list[0].holds if not isinstance(h.who, tuple)]  # not the baseline job's
+    assert len(holds) == 2 and not overlapping(holds)
+    first, second = sorted(holds, key=lambda h: h.granted)
+    assert first.released - first.granted >= LINGER_S  # its process's end, not its LaneReleased
+    assert got[0].costs.ending >= LINGER_S * 0.9  # the linger was after the timed phase, as the cost split says
 
 
 def test_waiting_for_the_lane_does_not_count_against_the_timeout(task, starter):

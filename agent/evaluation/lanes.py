@@ -11,7 +11,7 @@ honest candidates for it. The child asks with LaneWanted on its result channel a
 blocks reading its gate (a pipe passed to it, worker/lane.py); the parent writes one byte
 when the lane is free and takes it back on LaneReleased, or when the process ends (exit,
 kill, timeout): a process that never releases holds only its own evaluation, whose timeout
-ends it. The time spent waiting is not counted against the process's timeout.
+ends it. A timed phase is taken back only when its process has ended (HELD_TO_THE_END). The time spent waiting is not counted against the process's timeout.
 
 Another engine (a cluster) supplies its own lanes: a Lane is any object with acquire,
 release and cancel, and a device to pin its processes to.
@@ -35,6 +35,11 @@ from optagent.settings import LANE_FD_ENV
 # beside its timeout. A shared hold starts only after the timed phase (it waits whatever the time).
 SHARED_WAIT_S = 5.0
 SHARED_PHASES = (Phase.CASE,)  # a worker's phases that hold their lane shared; the others hold it alone
+# A worker's phases whose hold lasts until its process has ended, whatever it says: its timed phase is its last,
+# and after it the process has only to say Done; code of the candidate's that runs on (a finaliser, a patched
+# harness function, a kernel left on a stream) must not run beside the next process's timed phase. Not a
+# candidate's baseline phase (job.time_baseline): it comes before any candidate code and other phases follow.
+HELD_TO_THE_END = (Phase.TIMING,)
 
 
 class Stopped(Exception):
@@ -205,7 +210,7 @@ class Control:
 
 class Gate(Control):
     """The lane gate of one candidate process: granted on LaneWanted (shared for SHARED_PHASES, else alone),
-    taken back on LaneReleased or close()."""
+    taken back on LaneReleased or close() (a phase of HELD_TO_THE_END: on close() only)."""
 
     def __init__(self, lane: Lane, who: Hashable, stop: Optional[threading.Event] = None):
         super().__init__(lane.device, stop)
@@ -232,7 +237,8 @@ class Gate(Control):
             if isinstance(msg, LaneWanted) and self._asked is None and not self._held and not self._closed:
                 self._asked, self._phase = time.monotonic(), msg.phase
                 threading.Thread(target=self._grant, name="optagent-lane", daemon=True).start()
-            elif isinstance(msg, LaneReleased) and self._held and msg.phase is self._phase:
+            elif isinstance(msg, LaneReleased) and self._held and msg.phase is self._phase \
+                    and msg.phase not in HELD_TO_THE_END:
                 self._give_back()
             # anything else (a second ask, a release not held) is a forgery the verdict rejects (verdict.ONCE)
 
