@@ -159,6 +159,15 @@ def case_medians(r: EvalResult) -> dict[str, float]:
     return {c.case: c.time_us for c in r.cases if c.time_us}
 
 
+def case_detail(r: EvalResult) -> list[dict]:
+    """Per timed case, what its recorded time is made of: the timer's claim and band, calls left out on a slow host,
+    the referee's figure, the baseline's (the JSON's record of where a repeat's spread came from)."""
+    return [{"case": c.case, "time_us": c.time_us, "referee_us": c.referee_us, "baseline_us": c.baseline_us,
+             **({"median_us": c.time.median_us, "p10_us": c.time.p10_us, "p90_us": c.time.p90_us,
+                 "samples": c.time.samples, "slow_host_calls": c.time.slow_host_calls, "host_slow": c.time.host_slow}
+                if c.time else {})} for c in r.cases if c.time_us]
+
+
 def refereed(r: EvalResult) -> list[tuple]:
     """Per timed case: the timer's claim, the referee's own figure, the time recorded (evaluation/verdict.py) and
     the baseline's time (the referee's calibration: its windows less this are the harness's own share)."""
@@ -175,11 +184,17 @@ def referee_line(rows: list) -> str:
 
 
 def spread_pct(a: EvalResult, b: EvalResult) -> Optional[float]:
+    worst = worst_case(a, b)
+    return worst[0] if worst else None
+
+
+def worst_case(a: EvalResult, b: EvalResult) -> Optional[tuple[float, str, float, float]]:
+    """The largest per-case difference of two evaluations' recorded times, in % of the smaller: (%, case, a, b)."""
     ma, mb = case_medians(a), case_medians(b)
     common = [k for k in ma if k in mb]
     if not common:
         return None
-    return max(abs(ma[k] - mb[k]) / min(ma[k], mb[k]) for k in common) * 100
+    return max((abs(ma[k] - mb[k]) / min(ma[k], mb[k]) * 100, k, ma[k], mb[k]) for k in common)
 
 
 def _f(x: Optional[float], spec: str = ".1f") -> str:
@@ -233,7 +248,7 @@ class Bench:
                 row["evals"].append({"wall_s": wall, "gpu_busy": busy, "status": r.status.value, "timer": TAP.since(mark),
                                      "in_spare": spares_taken(pool) > taken,
                                      "costs": r.costs.model_dump() if r.costs else None, "medians": case_medians(r),
-                                     "referee": refereed(r),
+                                     "referee": refereed(r), "cases": case_detail(r),
                                      "reason": r.reason})
                 row.setdefault("results", []).append(r)
             if retime and row.get("results") and row["results"][0].status.ok and self.left() > 0:
@@ -249,6 +264,7 @@ class Bench:
             pool.close()
         results = row.pop("results", [])
         row["repeat_pct"] = spread_pct(*results[-2:]) if len(results) >= 2 else None  # the last two: both in spares
+        row["repeat_worst"] = worst_case(*results[-2:]) if len(results) >= 2 else None
         self.rows.append(row)
         print_row(row)
 
@@ -313,6 +329,9 @@ def print_row(row: dict) -> None:
             ", ".join(f"{p} {c[p]:.2f}" for p in PHASES if c[p] >= 0.01) for c in phases)
             + f"; timer loops {again['timer']['loops_s']:.2f} s; the lane's wait for processes still starting "
             f"{again.get('settle_s', 0.0):.2f} s", flush=True)
+    if row.get("repeat_worst"):
+        pct, case, a, b = row["repeat_worst"]
+        print(f"    repeat: case {case} read {a:.1f} and {b:.1f} us ({pct:.1f}%)", flush=True)
     for e in evals:
         if e["status"] != "PASSED":
             print(f"    {e['status']}: {(e['reason'] or '')[:200]}", flush=True)
@@ -332,6 +351,7 @@ def main() -> None:
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--json-out", type=Path)
+    p.add_argument("--windows", action="store_true", help="with --json-out: every referee window too (FILE.windows.json)")
     a = p.parse_args()
     bench = Bench(a.budget, Device(a.device), a.timeout)
     langs = [Language(x) for x in a.langs.split(",") if x]
@@ -355,7 +375,8 @@ def main() -> None:
             print(f"  {line}", flush=True)
         if a.json_out:
             a.json_out.write_text(json.dumps(bench.rows, indent=1, default=str))
-            a.json_out.with_suffix(".windows.json").write_text(json.dumps(WINDOWS))
+            if a.windows:
+                a.json_out.with_suffix(".windows.json").write_text(json.dumps(WINDOWS))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,11 @@
 #                                   e.g. LANE1="trace:4/16384:1/1024": where a bulk-kernel launch spends its time
 #   COST_ARGS="--budget 300" bash bench/gpu_check.sh cost   seconds per candidate, their phases, GPU-busy share,
 #                                   candidates/hour, re-time cost, repeatability (issue 31, bench/eval_cost.py)
+#   STEPS="eval_cost_before eval_cost" ...   the same, on the tree in .before/ first (git archive REV agent prompts)
 #   STEPS=referee_rtt bash bench/gpu_check.sh steps   a referee's round trip against a GPU call (issue 31)
+#   STEPS="host_cores repeat_probe" bash bench/gpu_check.sh steps   the host's slow stretches per core; one kernel's
+#                                   eager time across fresh processes against the host probe (issue 31);
+#                                   clock_ramp: an idle GPU's first calls against its steady time
 #   STEPS=ipc_probe bash bench/gpu_check.sh steps   a referee's memory opened by a launcher under bwrap (CUDA IPC)
 #   STEPS=ray_overhead bash bench/gpu_check.sh steps   Ray's overhead per candidate against the local pool
 #                                   (issue 24; needs .ray/ray.tar.xz from bench/pack_ray.sh)
@@ -282,6 +286,14 @@ eval_cost() {  # issue 31: seconds per candidate and where they go (bench/eval_c
     | tee "$OUT/eval_cost.txt" | grep -vE "^\s+\.\.\. "
 }
 
+eval_cost_before() {  # eval_cost on the tree in .before/ (git archive REV agent prompts | tar -x -C .before), its own
+  # cache: before and after in one call, on one machine (COST_ARGS_BEFORE, else COST_ARGS)
+  mkdir -p /tmp/site-before && ln -sfn "$PWD/.before/agent" /tmp/site-before/optagent
+  OPTAGENT_CACHE=/tmp/cache-before PYTHONPATH="/tmp/site-before:$PYTHONPATH" timeout "${COST_TIMEOUT:-570}" \
+    python3 bench/eval_cost.py --json-out "$OUT/eval_cost-before.json" ${COST_ARGS_BEFORE:-${COST_ARGS:-}} 2>&1 \
+    | tee "$OUT/eval_cost-before.txt" | grep -vE "^\s+\.\.\. "
+}
+
 referee_rtt() {  # issue 31: a referee's round trip to a launcher process against the GPU call (bench/referee_rtt.py)
   timeout "${RTT_TIMEOUT:-200}" python3 bench/referee_rtt.py ${RTT_ARGS:-} > "$OUT/eval_cost-rtt.txt" 2>&1
   echo "referee rtt: exit $?"; cat "$OUT/eval_cost-rtt.txt"
@@ -292,6 +304,27 @@ ipc_probe() {  # issue 31: a referee's inputs and outputs in a launcher's reach 
     timeout 90 python3 bench/ipc_probe.py --isolation "$iso" ${IPC_ARGS:-} > "$OUT/ipc-$iso.txt" 2>&1
     echo "ipc probe ($iso): exit $?"; tail -3 "$OUT/ipc-$iso.txt"
   done
+}
+
+host_cores() {  # issue 31: the host's slow stretches, per core and machine-wide (bench/host_cores.py)
+  timeout 90 python3 bench/host_cores.py "${CORES_S:-20}" > "$OUT/host_cores.txt" 2>&1
+  echo "host cores: exit $?"; cat "$OUT/host_cores.txt" | tee -a "$OUT/eval_cost-diag.txt"
+}
+
+host_memory() {  # issue 31: are fresh processes slow where their memory is new to the machine? (bench/host_memory.py)
+  timeout 150 python3 bench/host_memory.py ${MEMORY_ARGS:-} > "$OUT/host_memory.txt" 2>&1
+  echo "host memory: exit $?"; cat "$OUT/host_memory.txt" | tee -a "$OUT/eval_cost-diag.txt"
+}
+
+clock_ramp() {  # issue 31: how long an idle GPU takes to run at speed again (bench/clock_ramp.py; the timers' WARM_S)
+  timeout 120 python3 bench/clock_ramp.py ${RAMP_ARGS:-} > "$OUT/clock_ramp.txt" 2>&1
+  echo "clock ramp: exit $?"; cat "$OUT/clock_ramp.txt" | tee -a "$OUT/eval_cost-diag.txt"
+}
+
+repeat_probe() {  # issue 31: one kernel's eager time across fresh processes, against the host probe (bench/repeat_probe.py)
+  timeout "${REPEAT_TIMEOUT:-150}" python3 bench/repeat_probe.py ${REPEAT_ARGS:-} --json "$OUT/eval_cost-repeat.json" \
+    > "$OUT/repeat_probe.txt" 2>&1
+  echo "repeat probe: exit $?"; cat "$OUT/repeat_probe.txt" | tee -a "$OUT/eval_cost-diag.txt"
 }
 
 eval_profile() {  # issue 31: one evaluation's message timeline and its judge under cProfile (bench/eval_profile.py)
