@@ -24,8 +24,26 @@ DEFAULT = ["tests/fixtures/packages/add_rmsnorm:tests/fixtures/packages/add_rmsn
            "tests/fixtures/packages/silu_mul_fp8:tests/fixtures/packages/silu_mul_fp8/starter/naive-Triton.txt",
            "tasks/flashattn_task_package:tasks/flashattn_task_package/starter/decode_triton.py"]
 
+# Two probes in C beside the harness's Python one: timer.c's (a register loop: the CPU's speed alone) and a pointer
+# chase over 16 MiB (the memory system's: caches, TLB, page walks), to see which of them a call's time follows.
+PROBES_C = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <time.h>
+static double now_us(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1e6 + t.tv_nsec * 1e-3; }
+double reg_probe(void) { volatile uint64_t acc = 0; double t0 = now_us();
+    for (uint64_t i = 0; i < 10000; i++) acc += i * 2654435761u; return now_us() - t0; }
+static uint32_t *ring; static uint32_t at;
+void chase_init(uint32_t n) { ring = malloc(n * sizeof *ring); for (uint32_t i = 0; i < n; i++) ring[i] = i;
+    srand(7); for (uint32_t i = n - 1; i > 0; i--) { uint32_t j = rand() % (i + 1), t = ring[i]; ring[i] = ring[j]; ring[j] = t; }
+    uint32_t first = ring[0], prev = first; for (uint32_t i = 1; i < n; i++) { uint32_t c = ring[i]; ring[prev] = c; prev = c; }
+    ring[prev] = first; at = first; }
+double chase_probe(void) { double t0 = now_us(); uint32_t a = at; for (int i = 0; i < 200; i++) a = ring[a]; at = a;
+    return now_us() - t0; }
+"""
+
 CHILD = r"""
-import importlib.util, json, shutil, sys, tempfile, time
+import ctypes, importlib.util, json, shutil, subprocess, sys, tempfile, time
 import torch
 from optagent.messages import CaseSpec
 from optagent.schema import CaseKind
@@ -34,6 +52,11 @@ from optagent.worker.host_speed import probe_us
 pkg, kernel, calls, dev = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[5]
 rt = TaskRuntime(pkg, dev)
 d = tempfile.mkdtemp()
+open(d + "/p.c", "w").write(sys.argv[6])
+subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", d + "/p.so", d + "/p.c"], check=True)
+lib = ctypes.CDLL(d + "/p.so")
+lib.reg_probe.restype = lib.chase_probe.restype = ctypes.c_double
+lib.chase_init(4 << 20)
 src = d + "/cand.py"
 shutil.copyfile(kernel, src)
 spec = importlib.util.spec_from_file_location("cand", src)
@@ -53,9 +76,9 @@ for p in range(2):
         rows = []
         for k in range(calls):
             flush.zero_(); sync()
-            pr = probe_us()
+            chase = lib.chase_probe(); reg = lib.reg_probe(); pr = probe_us()  # the harness's own last, as there
             t0 = time.perf_counter(); fn(*sets[k % 3]); sync()
-            rows.append((pr, (time.perf_counter() - t0) * 1e6))
+            rows.append((pr, reg, chase, (time.perf_counter() - t0) * 1e6))
         out.setdefault(str(i), []).extend(rows)
         del sets
 print("JSON" + json.dumps(out))
@@ -78,7 +101,7 @@ def main() -> None:
         procs = []
         for _ in range(a.procs):
             run = subprocess.run([sys.executable, "-c", CHILD, str(ROOT / pkg), str(ROOT / kernel), str(a.calls),
-                                  str(a.cases), a.device], capture_output=True, text=True, timeout=300)
+                                  str(a.cases), a.device, PROBES_C], capture_output=True, text=True, timeout=300)
             line = [x for x in run.stdout.splitlines() if x.startswith("JSON")]
             if not line:
                 print(f"{kernel}: child failed: {run.stderr.strip().splitlines()[-3:]}")
@@ -87,29 +110,41 @@ def main() -> None:
         if not procs:
             continue
         everything[spec] = procs
-        fastest = min(pr for proc in procs for rows in proc.values() for pr, _ in rows)
-        print(f"\n{Path(kernel).name} ({pkg}): {len(procs)} processes, fastest probe {fastest:.2f} us")
-        print(f"{'case':>5} {'all calls: per-process medians':>44} {'spread%':>8} | {'fast-probe calls':>34} {'spread%':>8}"
-              f" {'kept':>5}")
+        names = ("python", "C reg", "C chase")
+        fastest = [min(r[j] for proc in procs for rows in proc.values() for r in rows) for j in range(3)]
+        print(f"\n{Path(kernel).name} ({pkg}): {len(procs)} processes; fastest probes (python, C register loop, "
+              f"C pointer chase): {', '.join(f'{x:.2f}' for x in fastest)} us")
+        print("per process, median probe: " + "; ".join(
+            ", ".join(f"{statistics.median(r[j] for rows in proc.values() for r in rows):.1f}" for j in range(3))
+            for proc in procs))
+
+        def spread(xs: list[float]) -> float:
+            good = [x for x in xs if x == x]
+            return (max(good) - min(good)) / min(good) * 100 if good else float("nan")
+
+        print(f"{'case':>5} {'per-process medians, all calls':>40} {'spread%':>8}   spread% of the calls each probe keeps "
+              f"({', '.join(names)}; fewest kept)")
         for case in procs[0]:
-            alls, fasts, kept = [], [], []
-            for proc in procs:
-                rows = proc[case]
-                alls.append(statistics.median(t for _, t in rows))
-                fast = [t for pr, t in rows if pr <= SLACK * fastest]
-                kept.append(len(fast))
-                fasts.append(statistics.median(fast) if len(fast) >= 3 else float("nan"))
-            good = [f for f in fasts if f == f]
-            sp = lambda xs: (max(xs) - min(xs)) / min(xs) * 100 if xs else float("nan")
-            print(f"{case:>5} {' '.join(f'{x:7.1f}' for x in alls):>44} {sp(alls):>8.1f} | "
-                  f"{' '.join(f'{x:6.1f}' for x in fasts):>34} {sp(good):>8.1f} {min(kept):>5}")
-        # a call's time against its probe: the medians of the calls in each probe band, over all processes, case 1
+            alls = [statistics.median(r[3] for r in proc[case]) for proc in procs]
+            kept_spreads, fewest = [], []
+            for j in range(3):
+                meds, kept = [], []
+                for proc in procs:
+                    fast = [r[3] for r in proc[case] if r[j] <= SLACK * fastest[j]]
+                    kept.append(len(fast))
+                    meds.append(statistics.median(fast) if len(fast) >= 3 else float("nan"))
+                kept_spreads.append(spread(meds))
+                fewest.append(min(kept))
+            print(f"{case:>5} {' '.join(f'{x:7.1f}' for x in alls):>40} {spread(alls):>8.1f}   "
+                  + "  ".join(f"{sp:6.1f} ({k})" for sp, k in zip(kept_spreads, fewest)))
+        # a call's time against each probe: the median call time of case 1 in each band of that probe
         rows = [r for proc in procs for r in proc[next(iter(procs[0]))]]
         bands = [(1.0, 1.1), (1.1, 1.3), (1.3, 1.6), (1.6, 2.2), (2.2, 99)]
-        print("case 1, call time by probe band (x fastest): " + ", ".join(
-            f"{lo}-{hi}: {statistics.median(t for pr, t in rows if lo * fastest <= pr < hi * fastest):.1f} us "
-            f"({sum(lo * fastest <= pr < hi * fastest for pr, _ in rows)})"
-            for lo, hi in bands if any(lo * fastest <= pr < hi * fastest for pr, _ in rows)))
+        for j, name in enumerate(names):
+            print(f"case 1, call time by {name} probe band (x fastest): " + ", ".join(
+                f"{lo}-{hi}: {statistics.median(r[3] for r in rows if lo * fastest[j] <= r[j] < hi * fastest[j]):.1f} us "
+                f"({sum(lo * fastest[j] <= r[j] < hi * fastest[j] for r in rows)})"
+                for lo, hi in bands if any(lo * fastest[j] <= r[j] < hi * fastest[j] for r in rows)))
     if a.json:
         a.json.write_text(json.dumps(everything))
 
