@@ -14,6 +14,7 @@ from attack_fixtures import aborted
 from optagent.cli.main import main
 from optagent.evaluation.evaluator import SandboxEvaluator
 from optagent.evaluation.cases import select_cases
+from optagent.evaluation import lanes
 from optagent.evaluation.lanes import Gate, Hold, Lane, OrderedLane
 from optagent.evaluation.pool import LocalPool
 from optagent.messages import LaneReleased, LaneWanted, Phase
@@ -263,6 +264,52 @@ def test_a_timed_phase_holds_its_lane_until_its_process_has_ended(task, starter)
     first, second = sorted(holds, key=lambda h: h.granted)
     assert first.released - first.granted >= LINGER_S  # its process's end, not its LaneReleased
     assert got[0].costs.ending >= LINGER_S * 0.9  # the linger was after the timed phase, as the cost split says
+
+
+def test_a_process_that_does_not_end_after_its_timed_phase_is_stopped_and_frees_the_lane(task, starter, monkeypatch):
+    """Held until its end, a lane is not the candidate's to keep: past the grace it is stopped, and fails for it."""
+    monkeypatch.setattr(lanes, "ENDING_GRACE_S", 1.0)
+    pool = LocalPool(evaluator(task), jobs=2, devices=[None])
+    forever = LINGERS.replace(f"time.sleep({LINGER_S})", "time.sleep(600)")
+    late = with_body(starter, "    import time\n    run_kernel.calls = getattr(run_kernel, 'calls', 0) + 1\n"
+                              "    if run_kernel.calls <= 2:\n        time.sleep(1.5)\n")
+    got = {job.key: r for job, r in pool.evaluate([PoolJob(0, with_body(starter, forever), Language.TRITON),
+                                                    PoolJob(1, late, Language.TRITON)])}
+    pool.close()
+    assert got[0].status is Status.RUNTIME_ERROR and "did not end within 1 s of its timed phase" in got[0].reason
+    assert got[1].status is Status.PASSED, got[1].reason
+    holds = sorted((h for h in pool.lane_list[0].holds if not isinstance(h.who, tuple)), key=lambda h: h.granted)
+    assert len(holds) == 2 and not overlapping(holds)
+    assert holds[0].released - holds[0].granted < 30  # the grace and a kill, not the 600 s sleep nor the timeout
+
+
+def test_a_process_stopped_at_a_limit_while_timed_frees_the_lane(task, starter):
+    """A limit (here: output) broken in a timed phase stops the process; it is taken down all the same, so its lane
+    is free for the next (it was not, once: the neighbour waited for the lane until the pool closed)."""
+    pool = LocalPool(evaluator(task, timeout=120.0), jobs=2, devices=[None])
+    floods = with_body(starter, IN_TIMING + "        import sys\n        for _ in range(100):\n"
+                                "            sys.stdout.write('x' * (1 << 20) + '\\n')\n")
+    late = with_body(starter, "    import time\n    run_kernel.calls = getattr(run_kernel, 'calls', 0) + 1\n"
+                              "    if run_kernel.calls <= 2:\n        time.sleep(1.5)\n")
+    got: dict = {}
+    stop = threading.Event()
+
+    def evaluate() -> None:
+        got.update({job.key: r for job, r in pool.evaluate([PoolJob(0, floods, Language.TRITON),
+                                                             PoolJob(1, late, Language.TRITON)], stop=stop)})
+    runs = threading.Thread(target=evaluate, daemon=True)
+    runs.start()
+    runs.join(240)
+    stuck = runs.is_alive()
+    if stuck:  # a lane never freed: no verdict ever comes (stop ends the evaluations)
+        stop.set()
+        runs.join(60)
+    pool.close()
+    assert not stuck, "the neighbour never got the lane"
+    assert got[0].status is Status.RUNTIME_ERROR and "MiB of output" in got[0].reason, got[0].reason
+    assert got[1].status is Status.PASSED, got[1].reason
+    assert got[1].costs.lane_wait < 30  # not the flooder's timeout
+    assert all(h.released for h in pool.lane_list[0].holds)
 
 
 def test_waiting_for_the_lane_does_not_count_against_the_timeout(task, starter):

@@ -40,6 +40,9 @@ SHARED_PHASES = (Phase.CASE,)  # a worker's phases that hold their lane shared; 
 # harness function, a kernel left on a stream) must not run beside the next process's timed phase. Not a
 # candidate's baseline phase (job.time_baseline): it comes before any candidate code and other phases follow.
 HELD_TO_THE_END = (Phase.TIMING,)
+# How long a process may take to end once such a phase is over (its Done and its exit, a GPU context's teardown: 0.12 s
+# on the H200) before it is stopped, its lane given back and its verdict a failure: the lane it holds is the pool's.
+ENDING_GRACE_S = 10.0
 
 
 class Stopped(Exception):
@@ -202,6 +205,10 @@ class Control:
         """The lane held shared by trusted work of this evaluation's (its judges), where it has a lane."""
         return contextlib.nullcontext()
 
+    def limit(self) -> Optional[str]:
+        """Why the process must be stopped now, for its lane's sake (the sandbox stops it as at any limit), or None."""
+        return None
+
     def stopped(self) -> bool:
         return self.stop is not None and self.stop.is_set()
 
@@ -222,6 +229,7 @@ class Gate(Control):
         self._asked: Optional[float] = None  # waiting since
         self._phase: Optional[Phase] = None  # of the hold asked for or held
         self._held = self._closed = False
+        self._over: Optional[float] = None  # when a HELD_TO_THE_END phase said it was over: the process should end
         self.waited: dict[Phase, float] = {}
         self.held_s = 0.0
         self._granted = 0.0
@@ -237,9 +245,11 @@ class Gate(Control):
             if isinstance(msg, LaneWanted) and self._asked is None and not self._held and not self._closed:
                 self._asked, self._phase = time.monotonic(), msg.phase
                 threading.Thread(target=self._grant, name="optagent-lane", daemon=True).start()
-            elif isinstance(msg, LaneReleased) and self._held and msg.phase is self._phase \
-                    and msg.phase not in HELD_TO_THE_END:
-                self._give_back()
+            elif isinstance(msg, LaneReleased) and self._held and msg.phase is self._phase:
+                if msg.phase in HELD_TO_THE_END:
+                    self._over = time.monotonic()  # held on until the process has ended (close)
+                else:
+                    self._give_back()
             # anything else (a second ask, a release not held) is a forgery the verdict rejects (verdict.ONCE)
 
     def _grant(self) -> None:
@@ -275,6 +285,14 @@ class Gate(Control):
 
     def shared_hold(self, who: Hashable) -> contextlib.AbstractContextManager:
         return self.lane.shared((self.who, who))
+
+    def limit(self) -> Optional[str]:
+        with self._lock:
+            over = self._over if self._held else None
+        if over is not None and time.monotonic() - over > ENDING_GRACE_S:
+            return (f"the candidate process did not end within {ENDING_GRACE_S:g} s of its timed phase "
+                    "(its lane is held until it ends)")
+        return None
 
     def close(self) -> None:
         """The process has ended: its lane is free again, whatever it said."""

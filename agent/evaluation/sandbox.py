@@ -198,7 +198,7 @@ def collect(sp: Spawned, job: Job, timeout_s: float, on_message: Optional[Callab
                 break
             if control.stopped():
                 raise Stopped(f"the {job.mode} process was stopped")
-            limit = watch.check()
+            limit = watch.check() or control.limit()
             if limit:
                 break
             ready, _, _ = select.select([rfd], [], [], min(left, TICK))
@@ -231,8 +231,9 @@ def collect(sp: Spawned, job: Job, timeout_s: float, on_message: Optional[Callab
             else:
                 if timed_out or interrupted or limit:
                     take_down.kill_group(proc.pid)
-                limit = limit or take_down.take_down(proc, watch, sp.marker, control,
-                                                     5 if (timed_out or limit) else 30)
+                # always taken down: its marked processes killed, its lane freed (a limit broken meanwhile counts)
+                late = take_down.take_down(proc, watch, sp.marker, control, 5 if (timed_out or limit) else 30)
+                limit = limit or late
         tail = (sp.tap.tail_now() if answered else sp.tap.close())[-4000:]  # read from memory, never the whole log
         lines = sp.report.finish() if sp.report else []
         if sp.referee:
