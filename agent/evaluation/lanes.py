@@ -7,14 +7,14 @@ other, never beside a timed phase: a timed phase starts once the shared holds it
 most SHARED_WAIT_S), and no shared hold starts while a timed phase holds the lane or waits for it. Why: on the
 H200 at width 4 the other evaluations' kernels, sharing the GPU by time slices, stretched a timed loop's calls
 and the harness's work between them by milliseconds, and the referee (evaluation/referee_log.py) rejected
-honest candidates for it. The child asks with LaneWanted on its result channel and
-blocks reading its gate (a pipe passed to it, worker/lane.py); the parent writes one byte
-when the lane is free and takes it back on LaneReleased, or when the process ends (exit,
-kill, timeout): a process that never releases holds only its own evaluation, whose timeout
-ends it. A timed phase is taken back only when its process has ended (HELD_TO_THE_END). The time spent waiting is not counted against the process's timeout.
+honest candidates for it. The child asks with LaneWanted on its result channel and blocks reading its gate (a
+pipe passed to it, worker/lane.py); the parent writes one byte when the lane is free and takes it back on
+LaneReleased (a timed phase: only once the process has ended, HELD_TO_THE_END), or when the process ends (exit,
+kill, timeout): a process that never releases holds only its own evaluation, whose timeout ends it. The time
+spent waiting is not counted against the process's timeout.
 
-Another engine (a cluster) supplies its own lanes: a Lane is any object with acquire,
-release and cancel, and a device to pin its processes to.
+Another engine (a cluster) supplies its own lanes: a Lane is any object with acquire, release and cancel, and
+a device to pin its processes to.
 """
 
 from __future__ import annotations
@@ -35,13 +35,12 @@ from optagent.settings import LANE_FD_ENV
 # beside its timeout. A shared hold starts only after the timed phase (it waits whatever the time).
 SHARED_WAIT_S = 5.0
 SHARED_PHASES = (Phase.CASE,)  # a worker's phases that hold their lane shared; the others hold it alone
-# A worker's phases whose hold lasts until its process has ended, whatever it says: its timed phase is its last,
-# and after it the process has only to say Done; code of the candidate's that runs on (a finaliser, a patched
-# harness function, a kernel left on a stream) must not run beside the next process's timed phase. Not a
-# candidate's baseline phase (job.time_baseline): it comes before any candidate code and other phases follow.
+# Phases held until the process has ended, whatever it says: the timed phase is its last, and candidate code that
+# runs on after it (a finaliser, a patched harness function, a kernel left on a stream) must not run beside the
+# next timed phase. Not the baseline phase (job.time_baseline): it comes before any candidate code.
 HELD_TO_THE_END = (Phase.TIMING,)
-# How long a process may take to end once such a phase is over (its Done and its exit, a GPU context's teardown: 0.12 s
-# on the H200) before it is stopped, its lane given back and its verdict a failure: the lane it holds is the pool's.
+# How long it may take to end after such a phase (its Done, its exit, a GPU context's teardown: 0.12 s on the H200)
+# before it is stopped there, its lane given back and its verdict a failure: the lane it holds is the pool's.
 ENDING_GRACE_S = 10.0
 
 
@@ -52,7 +51,6 @@ class Stopped(Exception):
 @dataclass
 class Hold:
     """One grant of a lane, for the cost split and for tests that check no two overlap."""
-
     who: Hashable
     granted: float
     released: Optional[float] = None
@@ -117,8 +115,7 @@ class Lane:
     def cancel(self, who: Hashable) -> None:
         """`who` will not time (any more): out of the queue; a hold it has is released."""
         with self._cond:
-            if who in self._queue:
-                self._queue.remove(who)
+            self._queue = deque(w for w in self._queue if w != who)
         self.release(who)
 
     def acquire_shared(self, who: Hashable) -> bool:
@@ -131,8 +128,7 @@ class Lane:
             if who not in self._share_queue:
                 return False
             self._share_queue.remove(who)
-            hold = Hold(who, time.monotonic())
-            self.shared_holds.append(hold)
+            self.shared_holds.append(hold := Hold(who, time.monotonic()))
             self._sharing.append(hold)
         return True
 
@@ -162,7 +158,7 @@ class Lane:
             if got:
                 self.release_shared(who)
 
-    def _done(self, who: Hashable) -> None:
+    def _done(self, who: Hashable) -> None:  # a finished process's turn (OrderedLane)
         pass
 
 
@@ -231,8 +227,6 @@ class Gate(Control):
         self._held = self._closed = False
         self._over: Optional[float] = None  # when a HELD_TO_THE_END phase said it was over: the process should end
         self.waited: dict[Phase, float] = {}
-        self.held_s = 0.0
-        self._granted = 0.0
 
     def spawned(self) -> None:
         os.close(self._r)  # the child has its copy
@@ -264,7 +258,7 @@ class Gate(Control):
             if self._closed:
                 (self.lane.release_shared if shared else self.lane.release)(self.who)
                 return
-            self._held, self._granted = True, time.monotonic()
+            self._held = True
             try:
                 os.write(self._w, b"\x01")
             except OSError:  # the child is gone; close() follows
@@ -272,7 +266,6 @@ class Gate(Control):
 
     def _give_back(self) -> None:
         self._held = False
-        self.held_s += time.monotonic() - self._granted
         (self.lane.release_shared if self._shared() else self.lane.release)(self.who)
 
     def waited_s(self) -> float:
@@ -289,10 +282,8 @@ class Gate(Control):
     def limit(self) -> Optional[str]:
         with self._lock:
             over = self._over if self._held else None
-        if over is not None and time.monotonic() - over > ENDING_GRACE_S:
-            return (f"the candidate process did not end within {ENDING_GRACE_S:g} s of its timed phase "
-                    "(its lane is held until it ends)")
-        return None
+        late = over is not None and time.monotonic() - over > ENDING_GRACE_S
+        return f"the candidate process did not end within {ENDING_GRACE_S:g} s of its timed phase" if late else None
 
     def close(self) -> None:
         """The process has ended: its lane is free again, whatever it said."""
