@@ -15,6 +15,7 @@ import pytest
 from attack_fixtures import attack  # tests/ is on sys.path
 
 from optagent.evaluation import evaluator as evaluator_module
+from optagent.evaluation import native_build
 from optagent.evaluation import referee as ref
 from optagent.evaluation import referee_log as figures
 from optagent.evaluation.evaluator import SandboxEvaluator
@@ -353,3 +354,50 @@ def test_gpu_work_moved_out_of_the_calls_or_after_them_fails(task, name):
     result = gpu_evaluate(task, attack(name)[0], "1,12", static_scan=False, guard=False)
     print(name, result.status.value, result.reason)
     assert result.status in (Status.REJECTED, Status.INCORRECT), result.reason
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_a_window_holds_all_the_worker_did_though_the_clock_lost_its_core():
+    """The clock stamps an answer before it writes it: a worker woken by the answer can take the clock's core at
+    once (here both have one core), and a stamp taken only when the clock ran again made the next window lose what
+    the worker did meanwhile (a 5 ms after-work read ~0: on a loaded CPU the moved-work check then missed a kernel
+    run between the calls). Late stamps only lengthen a window, which the low quantiles leave out."""
+    if native_build.referee_clock() is None:
+        pytest.skip("no native clock here (no C compiler)")
+    cores = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cores)})  # this thread, and the referee's threads started from it
+    try:
+        h = Harness()
+        assert h.ask("B smoke-1 eager 1 3") == ["G"]
+        for call in range(12):
+            _spin(0.005)  # the harness's after-work: busy, as a redraw is
+            assert h.ask("T") == ["G"]
+            _spin(0.005)  # the call
+            assert h.ask("D") == ["G"]
+            assert h.ask(f"R {call} 0 {'ab' * 32}")[0] == "S"
+        assert h.ask("E") == ["G"]
+    finally:
+        os.sched_setaffinity(0, cores)
+    lp = h.close().loop("smoke-1", False)
+    assert lp is not None and min(lp.calls_us) >= 4_900, lp.calls_us
+    assert min(lp.between_us) >= 4_900, lp.between_us
+
+
+def test_on_a_cpu_a_call_left_empty_is_rejected_whatever_noise_the_harness_gaps_allow():
+    """A loaded host stretches the trusted loop's gaps (6 ms here): a kernel moved out whole (105 ms between calls,
+    claims of microseconds) hid under the 100 ms of noise allowed; its emptied calls give it away. An honest kernel
+    on such a host (gaps of 120 ms over calls of 50 ms) still passes."""
+    cal = figures.Calibration(200.0, 6_000.0)
+    moved = loop([215.0] * 3, [105_000.0] * 3)
+    assert figures.moved_us(moved, cal, CPU) == 0.0  # within the noise allowed
+    why = figures.forged_claim("smoke-1", moved, 5.0, cal, CPU)
+    assert why and "moved out of the timed window" in why
+    honest = loop([50_200.0] * 3, [120_000.0] * 3)
+    assert figures.forged_claim("smoke-1", honest, 50_000.0, figures.Calibration(200.0, 1_000.0), CPU) is None
+    half = loop([25_200.0] * 3, [80_000.0] * 3)  # half of it moved: within what a loaded host does, floored by seen_us
+    assert figures.forged_claim("smoke-1", half, 25_000.0, figures.Calibration(200.0, 1_000.0), CPU) is None

@@ -181,8 +181,8 @@ class Referee:
                     if answer is None:
                         return  # a violation: no more answers; the worker's next question finds the pipe closed
                     if self._relay is None or line not in (b"T", b"D"):  # the native clock answered its marks
+                        answered = time.perf_counter()  # before the answer: the worker it wakes may take our core
                         os.write(self._a_w, answer.encode() + b"\n")
-                    answered = time.perf_counter()
                 if len(pending) > MAX_LINE + 32:  # (32: the clock's stamp)
                     self._violate("a question to the referee longer than any the harness asks")
                     return

@@ -30,6 +30,12 @@ FORGED = {Device.CUDA: (1.5, 20.0), Device.CPU: (4.0, 20_000.0)}
 MOVED_SLACK = {Device.CUDA: (1.0, 500.0), Device.CPU: (3.0, 100_000.0)}
 # The figure moves with the host: a claim this close under it stands, a lower one is recorded at floor_us.
 RESOLUTION = (0.03, 2.0)  # (a share of the figure, and microseconds more)
+# A call left near empty, its work between the calls: the time between calls beyond the trusted loop's is this many
+# times the claim, and this many microseconds more. On a CPU the noise MOVED_SLACK allows (a loaded host's 100 ms) is
+# as much as an interpreted kernel's whole work, so a kernel moved out whole could hide in it (the decode smoke case's
+# 105 ms did, once the trusted loop's gaps read 6 ms); a loaded host stretched honest gaps to 2x their calls' time.
+# On a GPU the slack is tight enough, and moved_us > claim decides.
+EMPTIED = {Device.CPU: (10.0, 20_000.0)}
 NOT_THE_HARNESS = "the timing was not the harness's"  # a forged claim's verdict ends so (evaluation/pool.py reads it)
 
 
@@ -110,7 +116,9 @@ def forged_claim(label: str, lp: RefereeLoop, claim_us: float, cal: Optional[Cal
     if seen is None or cal is None:
         return None
     moved = moved_us(lp, cal, device)
-    if moved > claim_us:  # most of the work is done between the calls, the timed call left with little
+    excess = lp.between_low_us - cal.between_us if lp.between_low_us is not None and cal.between_us is not None else 0.0
+    emptied = device in EMPTIED and excess > EMPTIED[device][0] * claim_us + EMPTIED[device][1]
+    if moved > claim_us or emptied:  # most of the work is done between the calls, the timed call left with little
         return (f"case {label}: {lp.between_low_us:.0f} us passed between its timed calls (eager loop) by the referee's "
                 f"clock, against {cal.between_us:.0f} us of the harness's own work there in the baseline's loop, and "
                 f"{claim_us:.0f} us a call: {MOVED}")

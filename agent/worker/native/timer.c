@@ -767,7 +767,9 @@ static PyMethodDef timer_methods[] = {
  * ends; a line longer than any question is passed on as "X", which the referee refuses. A timed call's marks
  * ("T", "D": ref_mark above) it answers itself ("G"), passing them on stamped, so the call's window holds no
  * Python; after a "T" it waits for the "D" spinning for up to spin_s (then blocking): its own wake-up from a
- * blocking read would land in the window. */
+ * blocking read would land in the window. An answer is stamped before it is written: the worker it wakes may take
+ * this thread's core at once, and a stamp taken after would lose what the worker did meanwhile (a 5 ms call read
+ * 0.5 us on one core: tests/test_referee.py), where a late stamp only lengthens a window. */
 static int relay_write(int fd, const char *buf, size_t n) {
     while (n > 0) {
         ssize_t w = write(fd, buf, n);
@@ -810,9 +812,9 @@ int optagent_referee_clock(int from_worker, int to_worker, int to_referee, int f
             memmove(q, q + len, qn - len);
             qn -= len;
             if (mark) { /* answered here, the referee told (it keeps the order of the marks and the questions) */
+                answered = now_s();
                 if (relay_write(to_worker, "G\n", 2) < 0)
                     goto done;
-                answered = now_s();
                 continue;
             }
             while (an == 0 || (a[an - 1] != '\n' && an < sizeof a)) {
@@ -823,9 +825,9 @@ int optagent_referee_clock(int from_worker, int to_worker, int to_referee, int f
                     goto done;
                 an += (size_t)k;
             }
+            answered = now_s();
             if (relay_write(to_worker, a, an) < 0)
                 goto done;
-            answered = now_s();
         }
         if (qn == sizeof q) {
             relay_write(to_referee, "0 X\n", 4);
