@@ -93,13 +93,20 @@ def floor_us(seen: float) -> float:
     return max(0.0, seen * (1.0 - share) - us)
 
 
+def gap_excess_us(lp: RefereeLoop, cal: Calibration) -> Optional[float]:
+    """The time between this loop's calls beyond the trusted loop's (None: either is missing)."""
+    if lp.between_low_us is None or cal.between_us is None:
+        return None
+    return lp.between_low_us - cal.between_us
+
+
 def moved_us(lp: RefereeLoop, cal: Calibration, device: Device) -> float:
     """The time between this loop's calls beyond the trusted loop's and its noise: work moved out of the call."""
-    mine = lp.between_low_us
-    if mine is None or cal.between_us is None:
+    excess = gap_excess_us(lp, cal)
+    if excess is None or cal.between_us is None:
         return 0.0
     share, us = MOVED_SLACK[device]
-    return max(0.0, mine - cal.between_us - max(share * cal.between_us, us))
+    return max(0.0, excess - max(share * cal.between_us, us))
 
 
 def seen_us(lp: RefereeLoop, cal: Optional[Calibration], device: Device) -> Optional[float]:
@@ -116,7 +123,7 @@ def forged_claim(label: str, lp: RefereeLoop, claim_us: float, cal: Optional[Cal
     if seen is None or cal is None:
         return None
     moved = moved_us(lp, cal, device)
-    excess = lp.between_low_us - cal.between_us if lp.between_low_us is not None and cal.between_us is not None else 0.0
+    excess = gap_excess_us(lp, cal) or 0.0
     emptied = device in EMPTIED and excess > EMPTIED[device][0] * claim_us + EMPTIED[device][1]
     if moved > claim_us or emptied:  # most of the work is done between the calls, the timed call left with little
         return (f"case {label}: {lp.between_low_us:.0f} us passed between its timed calls (eager loop) by the referee's "
