@@ -247,21 +247,23 @@ LINGERS = (
     f"                time.sleep({LINGER_S})\n"
     "        send.lingers = True\n"
     "        messages.Channel.send = send\n")
+# its two checked calls take 1.5 s each: it wants the lane while the kernel beside it is timed
+CHECKS_SLOWLY = ("    import time\n    run_kernel.calls = getattr(run_kernel, 'calls', 0) + 1\n"
+                 "    if run_kernel.calls <= 2:\n        time.sleep(1.5)\n")
 
 
 def test_a_timed_phase_holds_its_lane_until_its_process_has_ended(task, starter):
     """What a candidate's process does after its timed phase (here: sleep; as well: launch work on the GPU) never
     runs beside another process's timed phase: the parent takes the lane back at the process's end, not at its word."""
     pool = LocalPool(evaluator(task), jobs=2, devices=[None])
-    late = with_body(starter, "    import time\n    run_kernel.calls = getattr(run_kernel, 'calls', 0) + 1\n"
-                              "    if run_kernel.calls <= 2:\n        time.sleep(1.5)\n")  # wants the lane meanwhile
+    late = with_body(starter, CHECKS_SLOWLY)
     got = {job.key: r for job, r in pool.evaluate([PoolJob(0, with_body(starter, LINGERS), Language.TRITON),
                                                     PoolJob(1, late, Language.TRITON)])}
     pool.close()
     assert got[0].status is Status.PASSED and got[1].status is Status.PASSED, (got[0].reason, got[1].reason)
     holds = [h for h in pool.lane_list[0].holds if not isinstance(h.who, tuple)]  # not the baseline job's
     assert len(holds) == 2 and not overlapping(holds)
-    first, second = sorted(holds, key=lambda h: h.granted)
+    first = min(holds, key=lambda h: h.granted)
     assert first.released - first.granted >= LINGER_S  # its process's end, not its LaneReleased
     assert got[0].costs.ending >= LINGER_S * 0.9  # the linger was after the timed phase, as the cost split says
 
@@ -271,8 +273,7 @@ def test_a_process_that_does_not_end_after_its_timed_phase_is_stopped_and_frees_
     monkeypatch.setattr(lanes, "ENDING_GRACE_S", 1.0)
     pool = LocalPool(evaluator(task), jobs=2, devices=[None])
     forever = LINGERS.replace(f"time.sleep({LINGER_S})", "time.sleep(600)")
-    late = with_body(starter, "    import time\n    run_kernel.calls = getattr(run_kernel, 'calls', 0) + 1\n"
-                              "    if run_kernel.calls <= 2:\n        time.sleep(1.5)\n")
+    late = with_body(starter, CHECKS_SLOWLY)
     got = {job.key: r for job, r in pool.evaluate([PoolJob(0, with_body(starter, forever), Language.TRITON),
                                                     PoolJob(1, late, Language.TRITON)])}
     pool.close()
@@ -289,8 +290,7 @@ def test_a_process_stopped_at_a_limit_while_timed_frees_the_lane(task, starter):
     pool = LocalPool(evaluator(task, timeout=120.0), jobs=2, devices=[None])
     floods = with_body(starter, IN_TIMING + "        import sys\n        for _ in range(100):\n"
                                 "            sys.stdout.write('x' * (1 << 20) + '\\n')\n")
-    late = with_body(starter, "    import time\n    run_kernel.calls = getattr(run_kernel, 'calls', 0) + 1\n"
-                              "    if run_kernel.calls <= 2:\n        time.sleep(1.5)\n")
+    late = with_body(starter, CHECKS_SLOWLY)
     got: dict = {}
     stop = threading.Event()
 
