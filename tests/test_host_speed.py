@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from optagent.enums import TimerKind
 from optagent.worker import host_speed
 from optagent.worker.bench import Timer
 
@@ -34,6 +35,16 @@ def test_the_machine_record_keeps_the_fastest_probe(tmp_path, monkeypatch):
     assert host_speed.usual_probe_us(9.0) == 9.0
     record = json.loads((tmp_path / "host_probe.json").read_text())
     assert list(record.values()) == [9.0]
+
+
+def test_each_timer_probe_has_its_own_record(tmp_path, monkeypatch):
+    # the native timer's probe is a C loop, not this module's: its record must not lower the Python one's
+    monkeypatch.setenv("OPTAGENT_CACHE", str(tmp_path))
+    assert host_speed.usual_probe_us(12.0) == 12.0
+    assert host_speed.usual_probe_us(3.0, TimerKind.NATIVE) == 3.0
+    assert host_speed.usual_probe_us(20.0) == 12.0
+    assert host_speed.usual_probe_us(5.0, TimerKind.NATIVE) == 3.0
+    assert sorted(json.loads((tmp_path / "host_probe.json").read_text()).values()) == [3.0, 12.0]
 
 
 def test_eager_timing_reports_how_many_calls_ran_on_a_slow_host(tmp_path, monkeypatch):

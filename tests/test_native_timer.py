@@ -64,6 +64,38 @@ def test_init_is_one_shot_and_reads_the_secret_once(so):
     assert got == {"second": "optagent timer: init() was already called", "secret_fd_closed": True}
 
 
+def test_the_machine_usual_probe_lowers_the_process_own_once(so):
+    # a process slow from its start must not call its own speed usual: the machine's record is its reference
+    got = in_child(so, '''
+        m.init(sr, rw, False, 2, 3, 1, 0.0)
+        own = m.usual_probe_us()
+        waited = m.wait_for_usual(0.0)  # at its own speed: usual
+        m.machine_usual(own / 100)
+        lowered = m.usual_probe_us()
+        still_slow = m.wait_for_usual(0.05)  # 100x the machine's usual: never
+        try:
+            m.machine_usual(own * 1e-6)
+            second = "accepted"
+        except RuntimeError as e:
+            second = str(e)
+        print(json.dumps({"own": own, "lowered": lowered, "waited": waited, "still_slow": still_slow,
+                          "second": second, "after": m.usual_probe_us()}))
+    ''')
+    assert got["waited"] is True and got["still_slow"] is False
+    assert got["lowered"] == pytest.approx(got["own"] / 100) and got["after"] == got["lowered"]
+    assert got["second"] == "optagent timer: the machine's usual probe is already set"
+
+
+def test_a_slower_machine_record_leaves_the_process_own(so):
+    got = in_child(so, '''
+        m.init(sr, rw, False, 2, 3, 1, 0.0)
+        own = m.usual_probe_us()
+        m.machine_usual(own * 10)
+        print(json.dumps({"own": own, "after": m.usual_probe_us()}))
+    ''')
+    assert got["after"] == got["own"]
+
+
 def test_a_loop_writes_its_start_and_end_records_under_the_secret(so):
     got = in_child(so, '''
         m.init(sr, rw, False, 2, 3, 1, 0.0)

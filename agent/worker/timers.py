@@ -44,6 +44,9 @@ def load_native(spec: NativeTimerSpec, job: Job, secret_fd: int, report_fd: int)
         loader.exec_module(module)
     t = job.timing
     module.init(secret_fd, report_fd, job.device is Device.CUDA, t.min_iters, t.max_iters, t.warmup, t.budget_s)
+    # the machine's usual speed, not this process's fastest: one slow from its start would call its slowness usual
+    # (on the H200 decode Triton's first three cases read 20% slow in one evaluation of four: docs/gpu.md, 2026-12-03)
+    module.machine_usual(host_speed.usual_probe_us(module.usual_probe_us(), TimerKind.NATIVE))
     if referee_client.fds() is not None:  # each timed call bracketed for the referee's clock
         module.referee(*referee_client.fds())
     return module

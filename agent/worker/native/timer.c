@@ -87,6 +87,7 @@ static struct {
     size_t flush_bytes;
     CUevent ev_start, ev_end;
     int ref_answers, ref_questions, ref_set; /* the referee's pipes, worker side (referee()), or ref_set 0 */
+    int usual_set;                           /* machine_usual() called: once, before any candidate code */
 } S;
 
 static int cu_fail(CUresult r, const char *what) {
@@ -745,6 +746,21 @@ static PyObject *timer_referee(PyObject *mod, PyObject *args) {
 
 static PyObject *timer_usual_probe_us(PyObject *mod, PyObject *noargs) { return PyFloat_FromDouble(S.usual_probe_us); }
 
+/* machine_usual(us): the machine's usual probe, on record from trusted workers' earlier processes
+ * (host_speed.usual_probe_us): a process that runs slow from its start then sees its loops as slow ones, where
+ * its own fastest probe would call that speed usual. Only lowers the reference; once, before any candidate code. */
+static PyObject *timer_machine_usual(PyObject *mod, PyObject *args) {
+    double us;
+    if (!PyArg_ParseTuple(args, "d", &us))
+        return NULL;
+    if (S.usual_set)
+        return PyErr_Format(PyExc_RuntimeError, "optagent timer: the machine's usual probe is already set");
+    S.usual_set = 1;
+    if (us > 0 && isfinite(us))
+        S.usual_probe_us = fmin(S.usual_probe_us, us);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef timer_methods[] = {
     {"init", timer_init, METH_VARARGS,
      "init(secret_fd, report_fd, cuda, min_iters, max_iters, warmup, budget_s): once, before any candidate code"},
@@ -753,6 +769,7 @@ static PyMethodDef timer_methods[] = {
     {"wait_for_usual", timer_wait_for_usual, METH_VARARGS, "wait_for_usual(max_s) -> bool"},
     {"referee", timer_referee, METH_VARARGS, "referee(answers_fd, questions_fd): mark each timed call to it"},
     {"usual_probe_us", timer_usual_probe_us, METH_NOARGS, "the fastest host probe seen"},
+    {"machine_usual", timer_machine_usual, METH_VARARGS, "machine_usual(us): the machine's usual probe, once"},
     {NULL, NULL, 0, NULL},
 };
 
