@@ -6,7 +6,7 @@ each of decode's 12 cases. This bench measures that ramp: a streaming kernel's s
 around each call, synchronised), then after each idle gap the first calls' times against it, and the SM clock
 NVML reads before and after the gap. A benchmark, not a test.
 
-    python3 bench/clock_ramp.py [--mib 256] [--gaps 0.02,0.05,0.1,0.2,0.5,1,2,5]
+    python3 bench/clock_ramp.py [--mib 256] [--gaps 0.1,0.5,2,5] [--after-ms 800]
 """
 
 from __future__ import annotations
@@ -29,11 +29,14 @@ def sm_clock():
         return None
 
 
+BINS_MS = (2, 10, 50, 100, 200, 400, 800)  # a call's start after the idle gap, in these bins (the timers' WARM_S: 50)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mib", type=int, default=256)
-    p.add_argument("--gaps", default="0.02,0.05,0.1,0.2,0.5,1,2,5")
-    p.add_argument("--calls", type=int, default=12)
+    p.add_argument("--gaps", default="0.1,0.5,2,5")
+    p.add_argument("--after-ms", type=float, default=800.0, help="calls timed for this long after each gap")
     a = p.parse_args()
     x = torch.randn(a.mib << 18, device="cuda")
     y = torch.empty_like(x)
@@ -49,23 +52,27 @@ def main() -> None:
 
     for _ in range(200):
         call_us()
-    steady = statistics.median(call_us() for _ in range(200))
+    steady = statistics.median(call_us() for _ in range(400))
     mhz = clock() if clock else None
     print(f"steady: {steady:.1f} us a call ({a.mib} MiB in, {a.mib} MiB out), SM clock {mhz} MHz")
-    print(f"{'idle s':>7} {'clock before/after':>19} {'call 1':>7} {'2-4':>7} {'5-8':>7} {'9-':>7}  (x steady)")
+    edges = (0.0, *BINS_MS)
+    print(f"{'idle s':>7} {'clock before/after':>19}  median call / steady, by its start after the gap (ms): "
+          + " ".join(f"{lo:g}-{hi:g}" for lo, hi in zip(edges, edges[1:])))
     for gap in (float(g) for g in a.gaps.split(",")):
-        rows = []
-        for _ in range(3):  # three gaps of each length: the median of each call's time
+        seen: list[tuple[float, float]] = []  # (ms after the gap, x steady), three gaps of each length
+        clocks = "-"
+        for _ in range(3):
             for _ in range(50):
                 call_us()
             before = clock() if clock else None
             time.sleep(gap)
             after = clock() if clock else None
-            rows.append(([call_us() for _ in range(a.calls)], before, after))
-        per_call = [statistics.median(r[0][i] for r in rows) / steady for i in range(a.calls)]
-        clocks = f"{rows[-1][1]}/{rows[-1][2]}" if clock else "-"
-        print(f"{gap:>7.2f} {clocks:>19} {per_call[0]:>7.2f} {statistics.mean(per_call[1:4]):>7.2f} "
-              f"{statistics.mean(per_call[4:8]):>7.2f} {statistics.mean(per_call[8:]):>7.2f}")
+            t0 = time.perf_counter()
+            while (ms := (time.perf_counter() - t0) * 1e3) < a.after_ms:
+                seen.append((ms, call_us() / steady))
+            clocks = f"{before}/{after}" if clock else "-"
+        bins = [[r for ms, r in seen if lo <= ms < hi] for lo, hi in zip(edges, edges[1:])]
+        print(f"{gap:>7.2f} {clocks:>19}  " + " ".join(f"{statistics.median(b):.3f}" if b else "-" for b in bins))
 
 
 if __name__ == "__main__":

@@ -286,12 +286,14 @@ eval_cost() {  # issue 31: seconds per candidate and where they go (bench/eval_c
     | tee "$OUT/eval_cost.txt" | grep -vE "^\s+\.\.\. "
 }
 
-eval_cost_before() {  # eval_cost on the tree in .before/ (git archive REV agent prompts | tar -x -C .before), its own
-  # cache: before and after in one call, on one machine (COST_ARGS_BEFORE, else COST_ARGS)
-  mkdir -p /tmp/site-before && ln -sfn "$PWD/.before/agent" /tmp/site-before/optagent
-  OPTAGENT_CACHE=/tmp/cache-before PYTHONPATH="/tmp/site-before:$PYTHONPATH" timeout "${COST_TIMEOUT:-570}" \
-    python3 bench/eval_cost.py --json-out "$OUT/eval_cost-before.json" ${COST_ARGS_BEFORE:-${COST_ARGS:-}} 2>&1 \
-    | tee "$OUT/eval_cost-before.txt" | grep -vE "^\s+\.\.\. "
+eval_cost_before() {  # eval_cost_before [DIR]: eval_cost on the tree in DIR (default .before/: git archive REV agent
+  # prompts | tar -x -C .before), its own cache: before and after in one call, on one machine (COST_ARGS_BEFORE, else
+  # COST_ARGS); a second DIR (.variant/) gives a third tree to compare
+  local dir=${1:-.before} name; name=$(basename "$dir" | tr -d .)
+  mkdir -p "/tmp/site-$name" && ln -sfn "$PWD/$dir/agent" "/tmp/site-$name/optagent"
+  OPTAGENT_CACHE="/tmp/cache-$name" PYTHONPATH="/tmp/site-$name:$PYTHONPATH" timeout "${COST_TIMEOUT:-570}" \
+    python3 bench/eval_cost.py --json-out "$OUT/eval_cost-$name.json" ${COST_ARGS_BEFORE:-${COST_ARGS:-}} 2>&1 \
+    | tee "$OUT/eval_cost-$name.txt" | grep -vE "^\s+\.\.\. "
 }
 
 referee_rtt() {  # issue 31: a referee's round trip to a launcher process against the GPU call (bench/referee_rtt.py)
@@ -316,8 +318,10 @@ host_memory() {  # issue 31: are fresh processes slow where their memory is new 
   echo "host memory: exit $?"; cat "$OUT/host_memory.txt" | tee -a "$OUT/eval_cost-diag.txt"
 }
 
-clock_ramp() {  # issue 31: how long an idle GPU takes to run at speed again (bench/clock_ramp.py; the timers' WARM_S)
-  timeout 120 python3 bench/clock_ramp.py ${RAMP_ARGS:-} > "$OUT/clock_ramp.txt" 2>&1
+clock_ramp() {  # issue 31: how long an idle GPU takes to run at speed again (bench/clock_ramp.py; the timers' WARM_S):
+  # a streaming kernel's and a small one's
+  { timeout 100 python3 bench/clock_ramp.py ${RAMP_ARGS:-}; timeout 100 python3 bench/clock_ramp.py --mib 4 ${RAMP_ARGS:-}; } \
+    > "$OUT/clock_ramp.txt" 2>&1
   echo "clock ramp: exit $?"; cat "$OUT/clock_ramp.txt" | tee -a "$OUT/eval_cost-diag.txt"
 }
 
