@@ -24,7 +24,7 @@ BUILDER = "optagent.app.build"
 # side (the untrusted candidate and the trusted judge); everything above it runs in the orchestrator.
 FLOORS: list[set[str]] = [
     {"enums", "schema", "settings", "secret_env", "integrity", "messages", "timer_records", "task", "protocols", "native_copy",
-     "progress", "waits", "cache", "costs", "kernel_facts", "profile_facts", "ranking", "text", "contract", "job_channel",
+     "progress", "waits", "retries", "cache", "costs", "kernel_facts", "profile_facts", "ranking", "text", "contract", "job_channel",
      ""},
     {"worker"},
     {"evaluation"},

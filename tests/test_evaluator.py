@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -205,3 +208,51 @@ def test_a_kernel_the_tasks_check_fails_is_never_timed():
     result = SandboxEvaluator(rms, "cpu", cases, timeout_s=120).evaluate(wrong, Language.TRITON)
     assert result.status is Status.INCORRECT, result.reason
     assert "check() failed" in result.reason and result.cases[0].time_us is None and result.costs.timing == 0
+
+
+def killing_judges(monkeypatch, kills: int) -> list:
+    """sandbox.spawn, with its first `kills` judge processes killed from outside (their whole group, SIGKILL) a
+    second after they start, as an operator or the kernel's OOM killer would; the judges spawned, in order."""
+    from optagent.evaluation import sandbox
+
+    real, judges = sandbox.spawn, []
+
+    def spawn(job, *args, **kwargs):
+        sp = real(job, *args, **kwargs)
+        if job.mode == "judge":
+            judges.append(sp)
+            if len(judges) <= kills:
+                threading.Timer(1.0, lambda: os.killpg(sp.proc.pid, signal.SIGKILL)).start()
+        return sp
+
+    monkeypatch.setattr(sandbox, "spawn", spawn)
+    return judges
+
+
+def test_a_judge_killed_from_outside_runs_once_more(task, starter, monkeypatch):
+    judges = killing_judges(monkeypatch, kills=1)
+    result = evaluator(task).evaluate(starter, Language.TRITON)
+    assert result.status is Status.PASSED, result.reason
+    assert len(judges) == 2 and judges[0].proc.returncode == -signal.SIGKILL
+
+
+def test_a_judge_killed_twice_leaves_the_cases_unjudged(task, starter, monkeypatch):
+    judges = killing_judges(monkeypatch, kills=2)
+    result = evaluator(task).evaluate(starter, Language.TRITON)
+    assert len(judges) == 2  # once more, not for ever
+    assert result.status is Status.RUNTIME_ERROR and "not judged: judge killed by SIGKILL" in result.reason
+
+
+@pytest.mark.parametrize("run, outside", [
+    (dict(returncode=-signal.SIGKILL), True),
+    (dict(returncode=-signal.SIGTERM), True),
+    (dict(returncode=-signal.SIGSEGV), False),  # its own code's fault
+    (dict(returncode=-signal.SIGABRT), False),
+    (dict(returncode=-signal.SIGKILL, limit="over its memory limit"), False),  # the parent's own stop
+    (dict(returncode=-signal.SIGKILL, timed_out=True), False),
+    (dict(returncode=1), False),
+])
+def test_killed_from_outside_is_a_signal_no_limit_or_fault_explains(run, outside):
+    from optagent.evaluation.sandbox import WorkerRun
+
+    assert WorkerRun(**run).killed_from_outside is outside

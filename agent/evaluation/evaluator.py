@@ -40,6 +40,7 @@ from optagent.evaluation.warm_worker import Spares
 from optagent.text import plain_tree
 from optagent.messages import Baseline, CaseSpec, Done, Job, Probed, TimingSpec, WorkerError
 from optagent.progress import Phase, PipeRelay, Progress, ProgressSink
+from optagent.retries import once_more_if_killed
 from optagent.schema import Device, EvalResult, Isolation, Language, Status, TimerKind
 from optagent.task import TaskError, TaskPackage
 
@@ -187,8 +188,8 @@ class SandboxEvaluator:
                 t0 = time.monotonic()
                 hold = gate.shared_hold("judges") if gate and self.shared_checks else nullcontext()
                 try:
-                    with hold:
-                        return self._judge(jjob, relay, control, early, (lane_device, wanted))
+                    with hold:  # a judge killed from outside: once more (a dead one is not asked again: judges.py)
+                        return once_more_if_killed(lambda: self._judge(jjob, relay, control, early, (lane_device, wanted)))
                 finally:
                     clock.judge_s = time.monotonic() - t0
                     self._judged = True
@@ -270,18 +271,16 @@ def probe_task(task: TaskPackage, timeout_s: float = 600.0, cached: bool = False
             return Probed.model_validate_json(cache.read_text())
         except (OSError, ValueError):
             pass  # unreadable or of an older format: probe again
-    for attempt in range(2):
+    def probe() -> WorkerRun:
         scratch, nonce = new_scratch()
         try:
-            job = Job(mode="probe", task_dir=str(task.root), device=Device.CPU, nonce=nonce, scratch=str(scratch))
-            run = run_worker(job, timeout_s)
+            return run_worker(Job(mode="probe", task_dir=str(task.root), device=Device.CPU, nonce=nonce,
+                                  scratch=str(scratch)), timeout_s)
         finally:
             remove_scratch(scratch)
-        # A trusted probe killed by a signal with no limit or timeout named (seen twice on a loaded CI machine,
-        # a tiny package among them) is the host's doing, not the package's: it is asked once more.
-        if run.first(Probed) or run.first(WorkerError) or run.timed_out or run.limit or attempt or \
-                "killed by" not in run.exit_text:
-            break
+
+    # killed from outside (seen twice on a loaded CI machine, a tiny package among them): the host's doing
+    run = once_more_if_killed(probe)
     found = run.first(Probed)
     if found and run.first(Done):
         write_json(cache, found.model_dump(mode="json", exclude={"nonce"}))  # the nonce was spent with the run

@@ -33,6 +33,7 @@ from optagent.schema import Isolation, Mechanism
 from optagent.evaluation.worker_command import MARKER, command
 
 TICK = 0.25  # seconds between looks at the worker's limits
+FROM_OUTSIDE = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})  # never a fault's own
 
 
 @dataclass
@@ -56,6 +57,13 @@ class WorkerRun:
 
     def all(self, kind: Union[type[M], tuple[type[M], ...]]) -> list[M]:
         return [m for m in self.messages if isinstance(m, kind)]
+
+    @property
+    def killed_from_outside(self) -> bool:
+        """Ended by a signal that no limit, timeout or stop of the parent's sent and that no fault of its own code
+        raises (retries.once_more_if_killed): an operator's, the kernel's OOM killer's, a neighbour's."""
+        rc = self.returncode
+        return rc is not None and -rc in FROM_OUTSIDE and not self.timed_out and self.limit is None
 
     @property
     def exit_text(self) -> str:

@@ -9,7 +9,7 @@ import openai
 from optagent.text import first_line
 from optagent.protocols import LLMReply
 from optagent.llm.replies import split_reasoning
-from optagent.llm.retry import llm_retry
+from optagent.retries import llm_retry
 from optagent.schema import Usage
 
 # Some local servers (vLLM, llama.cpp) ignore the key, but the client insists on one.
@@ -64,7 +64,7 @@ class OpenAICompatLLM:
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.timeout_s = timeout_s
-        # max_retries=0: retries belong to optagent.llm.retry alone, or they would multiply.
+        # max_retries=0: retries belong to optagent.retries alone, or they would multiply.
         self._client = openai.OpenAI(
             base_url=base_url, api_key=api_key or _NO_KEY, timeout=timeout_s, max_retries=0
         )

@@ -1,10 +1,13 @@
-"""The one retry policy for LLM calls; nothing else in optagent retries a request.
+"""Every retry optagent makes, on tenacity, in this one module: nothing else retries anything.
 
-Only transient transport failures are retried: rate limits, timeouts, lost
-connections and 5xx answers. A 4xx (bad request, wrong key) or a malformed
-reply would fail again the same way, so it surfaces at once. Settings are read
-when a call starts, so tests (and users) can shrink the waits through the
-environment without re-importing anything.
+LLM calls (``llm_retry``): only transient transport failures are retried: rate limits, timeouts, lost
+connections and 5xx answers. A 4xx (bad request, wrong key) or a malformed reply would fail again the same
+way, so it surfaces at once. Settings are read when a call starts, so tests (and users) can shrink the waits
+through the environment without re-importing anything.
+
+Trusted worker processes (``once_more_if_killed``: the package probe, the judge): one killed from outside (a
+signal no limit, timeout or stop of the parent's sent, and that no fault of its own code raises) is the host's
+doing or a neighbour's, not the job's: it runs once more, at once. A second such death stands.
 """
 
 from __future__ import annotations
@@ -12,13 +15,13 @@ from __future__ import annotations
 import functools
 import logging
 import random
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, Protocol, TypeVar
 
-import openai
 from tenacity import (
     RetryCallState,
     Retrying,
     retry_if_exception_type,
+    retry_if_result,
     stop_after_attempt,
 )
 
@@ -26,12 +29,20 @@ from optagent.settings import settings
 
 log = logging.getLogger(__name__)
 
-RETRYABLE: tuple[type[BaseException], ...] = (
-    openai.RateLimitError,
-    openai.APITimeoutError,  # a subclass of APIConnectionError, listed for the reader
-    openai.APIConnectionError,
-    openai.InternalServerError,  # any 5xx
-)
+
+
+@functools.cache
+def llm_retryable() -> tuple[type[BaseException], ...]:
+    """The LLM client's transient errors (openai imported only by a run that calls an endpoint)."""
+    import openai
+
+    return (
+        openai.RateLimitError,
+        openai.APITimeoutError,  # a subclass of APIConnectionError, listed for the reader
+        openai.APIConnectionError,
+        openai.InternalServerError,  # any 5xx
+    )
+
 
 DEFAULT_ATTEMPTS = 5
 DEFAULT_BASE_S = 1.0
@@ -83,7 +94,7 @@ def llm_retrying(max_attempts: Optional[int] = None, base_s: Optional[float] = N
     attempts = max_attempts or env.retry_attempts or DEFAULT_ATTEMPTS
     base = base_s if base_s is not None else env.retry_base_s if env.retry_base_s is not None else DEFAULT_BASE_S
     return Retrying(
-        retry=retry_if_exception_type(RETRYABLE),
+        retry=retry_if_exception_type(llm_retryable()),
         stop=stop_after_attempt(max(1, attempts)),
         wait=_Wait(max(0.0, base)),
         before_sleep=_log_retry,
@@ -99,3 +110,23 @@ def llm_retry(fn: F) -> F:
         return llm_retrying()(fn, *args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
+
+
+class EndedRun(Protocol):
+    """A worker process's run as it ended (evaluation/sandbox.py WorkerRun)."""
+
+    @property
+    def killed_from_outside(self) -> bool: ...
+
+
+R = TypeVar("R", bound=EndedRun)
+
+
+def _log_rerun(state: RetryCallState) -> None:
+    log.warning("a trusted worker was killed from outside (attempt %d); running it once more", state.attempt_number)
+
+
+def once_more_if_killed(run: Callable[[], R]) -> R:
+    """run() again once where its process was killed from outside; the last run, whatever it says."""
+    return Retrying(stop=stop_after_attempt(2), retry=retry_if_result(lambda r: r.killed_from_outside),
+                    before_sleep=_log_rerun, retry_error_callback=lambda state: state.outcome.result())(run)
