@@ -25,7 +25,7 @@ class CaseSpec(Record):
 
 
 class TimingSpec(Record):
-    min_iters: int = 20
+    min_iters: int = 80  # not 20: a loop of 20 now and then read a case 10-60% slow (docs/gpu.md, 2026-12-07)
     max_iters: int = 200
     budget_s: float = 0.3  # per case and per timed callable
     input_sets: int = 3  # rotated fresh float inputs (keeps L2 and caches honest)

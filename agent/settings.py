@@ -62,6 +62,10 @@ class Settings(BaseModel):
         0.0, ge=0, description="the longest a granted GPU lane waits for processes still starting for it (spares, "
         "the pool's judges) before its timed phase (default 0: none is waited for; 10 on a host with few cores)",
         json_schema_extra=_must("a number of seconds >= 0"))
+    touch_gib: int = Field(16, ge=0, description="GiB of the host's memory a pool on a GPU writes once, in the "
+                           "background, so that its processes get pages the host has backed (evaluation/host_memory.py; "
+                           "at most a quarter of the memory available; 0: none)",
+                           json_schema_extra=_must("a whole number of GiB, at least 0"))
     timer: Optional[str] = Field(None, description="python: never build the native timer, time in the worker's Python")
     graph_timing: bool = Field(False, description="1: also time each case's CUDA-graph replays (the gpu_us column; "
                                "never scored), about 2 s more a candidate on an H200",

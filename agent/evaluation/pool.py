@@ -28,7 +28,7 @@ from typing import Iterator, Optional, Sequence
 
 from optagent import waits
 from optagent.evaluation.evaluator import SandboxEvaluator
-from optagent.evaluation import take_down
+from optagent.evaluation import host_memory, take_down
 from optagent.evaluation.gpus import visible_gpus
 from optagent.evaluation.lanes import Control, Gate, Lane, OrderedLane, Stopped
 from optagent.evaluation.referee_log import NOT_THE_HARNESS
@@ -93,6 +93,8 @@ class LocalPool:
         evaluator.keep_spares(max(2, -(-self.jobs // self.lanes)) if (n := settings().spares) is None else n, self.lane_list)
         for lane in self.lane_list if evaluator.spares else ():
             evaluator.spares.top_up(lane.device)
+        # the host's memory written once (host_memory.py): a process on pages the host has not yet backed runs slow
+        self._touch = host_memory.touch_in_background(settings().touch_gib) if evaluator.device is Device.CUDA else None
 
     @property
     def planned_isolation(self):
@@ -200,6 +202,7 @@ class LocalPool:
         self._executor.shutdown(wait=True, cancel_futures=True)
         self.evaluator.drop_spares()
         take_down.reaped()  # judges that answered, still ending: none outlives its pool
+        host_memory.finish(self._touch)
 
 
 def crowded(result: EvalResult) -> bool:

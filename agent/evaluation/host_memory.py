@@ -1,0 +1,61 @@
+"""The host's memory touched once, in the background, before the pool's processes need it (issue 31).
+
+On the lent GPU machines (virtual machines whose memory the hypervisor backs only as it is first touched), fresh
+processes ran Python at half speed in 4 of 6 starts until 16 GiB had been written once; after it, 6 of 6 ran at
+the usual speed (bench/host_memory.py on an H100 machine, 2026-12-07: a loop's median 471 us, slowest / fastest
+1.98, then 226 us, 1.03). A candidate's eager time is mostly its launch through Python, so its process's speed is
+its timing's. A pool on a GPU therefore starts one low-priority process that writes a byte in every page of up to
+`touch_gib` GiB (a quarter of the memory available at most) and frees it: the pages a later process gets are
+then ones the host has already backed. Elsewhere the touch costs a few seconds of one core, once a run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+SHARE = 0.25  # of MemAvailable, at most
+# mmap'd one GiB at a time, one byte written per page, unmapped: nothing is kept, nothing is read
+CHILD = """
+import mmap, os, sys
+os.nice(19)
+for _ in range(int(sys.argv[1])):
+    m = mmap.mmap(-1, 1 << 30)
+    for at in range(0, 1 << 30, mmap.PAGESIZE):
+        m[at] = 1
+    m.close()
+"""
+
+
+def available_gib() -> float:
+    """MemAvailable in GiB (0 where /proc/meminfo says nothing)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / (1 << 20)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0.0
+
+
+def gib_to_touch(wanted: int) -> int:
+    return max(0, min(wanted, int(available_gib() * SHARE)))
+
+
+def touch_in_background(wanted_gib: int) -> Optional[subprocess.Popen]:
+    """Start the touch (None when there is nothing to touch); the caller reaps it (finish)."""
+    gib = gib_to_touch(wanted_gib)
+    if gib <= 0:
+        return None
+    return subprocess.Popen([sys.executable, "-c", CHILD, str(gib)], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def finish(proc: Optional[subprocess.Popen]) -> None:
+    """Stop a touch still running (a short run, Ctrl-C) and reap it."""
+    if proc is not None:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
