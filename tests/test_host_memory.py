@@ -30,3 +30,17 @@ def test_a_touch_still_running_is_stopped_and_reaped(monkeypatch):
     assert proc is not None and proc.poll() is None
     host_memory.finish(proc)
     assert proc.returncode is not None and proc.returncode < 0
+
+
+def test_a_lane_on_a_gpu_times_nothing_before_the_touch_ends(monkeypatch):
+    from optagent.evaluation.lanes import Lane
+    from optagent.schema import Device
+
+    monkeypatch.setattr(host_memory, "available_gib", lambda: 20.0)
+    lane, cpu_lane = Lane(0, "cuda:0"), Lane(1, None)
+    proc = host_memory.touch_before_timing([lane], 1, Device.CUDA)
+    assert proc is not None and proc.poll() is None
+    assert lane.acquire("timed") and proc.returncode == 0  # granted once the touch has ended
+    assert lane.settled_s > 0
+    lane.release("timed")
+    assert host_memory.touch_before_timing([cpu_lane], 1, Device.CPU) is None and cpu_lane.settle is None

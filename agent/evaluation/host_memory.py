@@ -6,17 +6,24 @@ the usual speed (bench/host_memory.py on an H100 machine, 2026-12-07: a loop's m
 1.98, then 226 us, 1.03). A candidate's eager time is mostly its launch through Python, so its process's speed is
 its timing's. A pool on a GPU therefore starts one low-priority process that writes a byte in every page of up to
 `touch_gib` GiB (a quarter of the memory available at most) and frees it: the pages a later process gets are
-then ones the host has already backed. Elsewhere the touch costs a few seconds of one core, once a run.
+then ones the host has already backed. Elsewhere the touch costs a few seconds of one core, once a run. No timed
+phase runs beside it: each lane's grant waits for it to end (at most WAIT_S), as for start-ups (Lane.settle); the
+spares' start-ups, compiles and checked runs do.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional, Sequence
+
+from optagent.evaluation.lanes import Lane
+from optagent.schema import Device
 
 SHARE = 0.25  # of MemAvailable, at most
+WAIT_S = 30.0  # the longest a lane's grant waits for the touch (16 GiB took 9 s on an H100 machine), then it stops
 # mmap'd one GiB at a time, one byte written per page, unmapped: nothing is kept, nothing is read
 CHILD = """
 import mmap, os, sys
@@ -59,3 +66,24 @@ def finish(proc: Optional[subprocess.Popen]) -> None:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+def touch_before_timing(lanes: Sequence[Lane], wanted_gib: int, device: Device) -> Optional[subprocess.Popen]:
+    """On a GPU, start the touch and make each lane's grants wait for its end before their own settle (if any)."""
+    proc = touch_in_background(wanted_gib) if device is Device.CUDA else None
+    for lane in lanes if proc is not None else ():
+        lane.settle = _after(proc, lane.settle)
+    return proc
+
+
+def _after(proc: subprocess.Popen, then: Optional[Callable[[], float]]) -> Callable[[], float]:
+    def settle() -> float:
+        t0 = time.monotonic()
+        try:
+            proc.wait(timeout=max(0.0, WAIT_S - (t0 - started)))
+        except subprocess.TimeoutExpired:
+            proc.kill()  # a host too slow to write it in WAIT_S: what it wrote stands
+        return time.monotonic() - t0 + (then() if then is not None else 0.0)
+
+    started = time.monotonic()
+    return settle

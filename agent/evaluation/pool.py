@@ -93,8 +93,8 @@ class LocalPool:
         evaluator.keep_spares(max(2, -(-self.jobs // self.lanes)) if (n := settings().spares) is None else n, self.lane_list)
         for lane in self.lane_list if evaluator.spares else ():
             evaluator.spares.top_up(lane.device)
-        # the host's memory written once (host_memory.py): a process on pages the host has not yet backed runs slow
-        self._touch = host_memory.touch_in_background(settings().touch_gib) if evaluator.device is Device.CUDA else None
+        # the host's memory written once, no timed phase beside it (host_memory.py): a process on new pages runs slow
+        self._touch = host_memory.touch_before_timing(self.lane_list, settings().touch_gib, evaluator.device)
 
     @property
     def planned_isolation(self):
