@@ -37,10 +37,13 @@ def test_a_lane_on_a_gpu_times_nothing_before_the_touch_ends(monkeypatch):
     from optagent.schema import Device
 
     monkeypatch.setattr(host_memory, "available_gib", lambda: 20.0)
-    lane, cpu_lane = Lane(0, "cuda:0"), Lane(1, None)
+    monkeypatch.setattr(host_memory, "_touches", [])  # this process has touched nothing yet
+    lane, other, cpu_lane = Lane(0, "cuda:0"), Lane(1, "cuda:0"), Lane(2, None)
     proc = host_memory.touch_before_timing([lane], 1, Device.CUDA)
     assert proc is not None and proc.poll() is None
+    assert host_memory.touch_before_timing([other], 1, Device.CUDA) is proc  # a second pool: the same touch
     assert lane.acquire("timed") and proc.returncode == 0  # granted once the touch has ended
     assert lane.settled_s > 0
     lane.release("timed")
+    assert host_memory.touch_before_timing([Lane(3, "cuda:0")], 1, Device.CUDA) is None  # done: once a process
     assert host_memory.touch_before_timing([cpu_lane], 1, Device.CPU) is None and cpu_lane.settle is None

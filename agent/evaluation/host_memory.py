@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -24,6 +25,8 @@ from optagent.schema import Device
 
 SHARE = 0.25  # of MemAvailable, at most
 WAIT_S = 30.0  # the longest a lane's grant waits for the touch (16 GiB took 9 s on an H100 machine), then it stops
+_touches: list[Optional[subprocess.Popen]] = []  # this process's one touch (or None: nothing to touch)
+_lock = threading.Lock()
 # mmap'd one GiB at a time, one byte written per page, unmapped: nothing is kept, nothing is read
 CHILD = """
 import mmap, os, sys
@@ -69,9 +72,19 @@ def finish(proc: Optional[subprocess.Popen]) -> None:
 
 
 def touch_before_timing(lanes: Sequence[Lane], wanted_gib: int, device: Device) -> Optional[subprocess.Popen]:
-    """On a GPU, start the touch and make each lane's grants wait for its end before their own settle (if any)."""
-    proc = touch_in_background(wanted_gib) if device is Device.CUDA else None
-    for lane in lanes if proc is not None else ():
+    """On a GPU, start the touch and make each lane's grants wait for its end before their own settle (if any).
+    Once a process: what the host backed stays backed, so a later pool (the MCP server's next run, a bench's next
+    width) only waits for the touch still running, if it is.
+    """
+    if device is not Device.CUDA:
+        return None
+    with _lock:
+        if not _touches:
+            _touches.append(touch_in_background(wanted_gib))
+        proc = _touches[0]
+    if proc is None or proc.poll() is not None:
+        return None
+    for lane in lanes:
         lane.settle = _after(proc, lane.settle)
     return proc
 
