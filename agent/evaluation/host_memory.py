@@ -17,10 +17,10 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from optagent.evaluation.lanes import Lane
+from optagent.evaluation.limits import meminfo_bytes
 from optagent.schema import Device
 
 SHARE = 0.25  # of MemAvailable, at most
@@ -41,13 +41,7 @@ for _ in range(int(sys.argv[1])):
 
 def available_gib() -> float:
     """MemAvailable in GiB (0 where /proc/meminfo says nothing)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / (1 << 20)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0.0
+    return (meminfo_bytes("MemAvailable") or 0) / (1 << 30)
 
 
 def gib_to_touch(wanted: int) -> int:

@@ -45,14 +45,19 @@ class Limits:
         return round(self.memory_bytes / 2**30, 2) if self.memory_bytes else None
 
 
-def _mem_total() -> int:
+def meminfo_bytes(field: str) -> Optional[int]:
+    """A /proc/meminfo figure in bytes (None where it says nothing of it)."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return 16 << 30
+    return None
+
+
+def _mem_total() -> int:
+    return meminfo_bytes("MemTotal") or 16 << 30
 
 
 def limits_for(device: str) -> Limits:
