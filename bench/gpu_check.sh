@@ -325,6 +325,12 @@ clock_ramp() {  # issue 31: how long an idle GPU takes to run at speed again (be
   echo "clock ramp: exit $?"; cat "$OUT/clock_ramp.txt" | tee -a "$OUT/eval_cost-diag.txt"
 }
 
+call_cost() {  # call_cost [PACKAGE] [ARGS...]: where one timed call's time goes, piece by piece (bench/call_cost.py)
+  local pkg=${1:-$OURS}; shift || true
+  timeout 200 python3 bench/call_cost.py "$pkg" "$@" > "$OUT/call_cost.tmp" 2>&1
+  echo "call cost $(basename "$pkg") $*: exit $?"; cat "$OUT/call_cost.tmp" | tee -a "$OUT/eval_cost-calls.txt"
+}
+
 repeat_probe() {  # issue 31: one kernel's eager time across fresh processes, against the host probe (bench/repeat_probe.py)
   timeout "${REPEAT_TIMEOUT:-150}" python3 bench/repeat_probe.py ${REPEAT_ARGS:-} --json "$OUT/eval_cost-repeat.json" \
     > "$OUT/repeat_probe.txt" 2>&1

@@ -1,0 +1,173 @@
+"""Where one timed call's milliseconds go, piece by piece (issue 31).
+
+    python bench/call_cost.py [PACKAGE_DIR] [KERNEL] [--cases 1,6,12] [--calls 40] [--busy-thread]
+
+A timed loop costs about 2.2 ms a call on an H100 for kernels of 35-180 us (docs/gpu.md, 2026-12-07): the harness's
+work around each call, not the call. This bench takes a package's starter (or KERNEL, a Python kernel file) and, per
+case, runs in this process what the harness runs around every timed call, with a referee of its own (the parent's
+class, its native clock between the pipes as in a run), in two loops:
+
+- piece by piece, a device sync after each piece: the L2 flush, the host probe, the T and D marks' round trips, the
+  call, then the after-work's pieces (the outputs' copy, their digest, the R question, the poison, the in/out
+  tensors put back, the redraw of the read-only inputs);
+- as the harness runs it (no extra syncs): the whole call-to-call time.
+
+and the case's one-off costs: making its inputs, the after-work's set-up, loading a fresh copy of the kernel.
+--busy-thread keeps a pure-Python thread spinning in this process, as a parent's other work would: the referee's
+thread then waits for Python's lock to answer R. A bench, never a run's path: the kernel runs in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from optagent.evaluation import referee as referee_mod
+from optagent.evaluation.cases import parse_case_list
+from optagent.messages import CaseSpec
+from optagent.schema import CaseKind, Device, Language
+from optagent.task import load_task
+from optagent.worker import bench, host_speed, referee_client
+from optagent.worker.after_work import AfterWork
+from optagent.worker.backends import backend_for
+from optagent.worker.digests import outputs_digest
+from optagent.worker.harness import TaskRuntime, refresh_floats
+
+ROOT = Path(__file__).resolve().parents[1]
+SYNC = torch.cuda.synchronize
+PIECES = ("flush", "probe", "T", "call", "D", "clone", "digest", "R", "poison", "inouts", "redraw")
+
+
+def attach_referee(device: Device) -> referee_mod.Referee:
+    """A referee for this process's own harness: its pipes' child ends kept (duplicated) here."""
+    ref = referee_mod.Referee(spin_s=referee_mod.SPIN_S[device])
+    answers, questions = (os.dup(fd) for fd in ref.child_fds)
+    ref.started()
+    referee_client._FDS = (answers, questions)
+    return ref
+
+
+def pieces_loop(label: str, fn, args: list, work: AfterWork, timer: bench.Timer, calls: int) -> dict[str, list]:
+    out: dict[str, list] = {p: [] for p in PIECES}
+    sync, clock = SYNC, time.perf_counter
+    work.begin_loop()
+    with referee_client.timed_loop(f"{label}p", False, 1, 4):
+        for call in range(calls):
+            t = [clock()]
+            timer.flush_l2(); sync(); t.append(clock())
+            host_speed.probe_us(); t.append(clock())
+            referee_client.mark("T"); t.append(clock())
+            fn(*args); sync(); t.append(clock())
+            referee_client.mark("D"); t.append(clock())
+            outs = {j: args[j].detach().clone() for j in work.outs}; sync(); t.append(clock())
+            digest = outputs_digest({j: args[j] for j in work.outs}); t.append(clock())
+            _, seed, _, _ = referee_client.ask(f"R {call} 0 {digest}"); t.append(clock())
+            work.poison_set(args); sync(); t.append(clock())
+            for j, made in work.contents[0].items():
+                args[j].copy_(made)
+            sync(); t.append(clock())
+            refresh_floats(args, int(seed), work.scales[0]); sync(); t.append(clock())
+            del outs
+            for name, a, b in zip(PIECES, t, t[1:]):
+                out[name].append((b - a) * 1e6)
+    return out
+
+
+def harness_loop(label: str, fn, args: list, work: AfterWork, timer: bench.Timer, calls: int) -> list[float]:
+    """Call-to-call time as the harness runs it (worker/native/timer.c's loop, in Python)."""
+    sync, clock = SYNC, time.perf_counter
+    work.begin_loop()
+    per: list[float] = []
+    with referee_client.timed_loop(f"{label}h", False, 1, 4):
+        last = clock()
+        for call in range(calls):
+            timer.flush_l2(); sync()
+            host_speed.probe_us()
+            referee_client.mark("T")
+            fn(*args); sync()
+            referee_client.mark("D")
+            work(call, 0, 0, False, -1)
+            now = clock()
+            per.append((now - last) * 1e6)
+            last = now
+    return per
+
+
+def spin(stop: threading.Event) -> None:
+    while not stop.is_set():
+        sum(range(1000))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("package", nargs="?", default=str(ROOT / "tasks" / "flashattn_task_package"))
+    p.add_argument("kernel", nargs="?")
+    p.add_argument("--cases", default="")
+    p.add_argument("--calls", type=int, default=40)
+    p.add_argument("--busy-thread", action="store_true")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: the bench's own smoke test "
+                   "(Triton's interpreter, cases cut to 4096 elements)")
+    a = p.parse_args()
+    global SYNC
+    device = Device(a.device)
+    SYNC = torch.cuda.synchronize if device is Device.CUDA else (lambda: None)
+    task = load_task(Path(a.package))
+    kernel = Path(a.kernel) if a.kernel else task.starter(Language.TRITON).path
+    rt = TaskRuntime(str(task.root), device.value)
+    indices = parse_case_list(a.cases, rt.num_cases()) if a.cases else list(range(1, rt.num_cases() + 1))
+    backend = backend_for(Language.TRITON, device, None, 120.0)
+    scratch = Path(tempfile.mkdtemp(prefix="call_cost-"))
+    backend.prepare(kernel, scratch)
+    timer = bench.Timer(device, 3, 3, 0.0, 1)
+    ref = attach_referee(device)
+    stop = threading.Event()
+    if a.busy_thread:
+        threading.Thread(target=spin, args=(stop,), daemon=True).start()
+    print(f"{task.root.name}: {kernel.name}, {a.calls} calls a loop, busy thread: {a.busy_thread}; "
+          f"{torch.cuda.get_device_name(0) if device is Device.CUDA else 'cpu'}; flush buffer "
+          f"{timer._flush.numel() >> 20 if timer._flush is not None else 0} MiB")
+    print(f"{'case':>4} {'in MiB':>7} {'make ms':>7} {'work ms':>7} {'load ms':>7} "
+          + " ".join(f"{n:>6}" for n in PIECES) + f" {'sum':>6} {'loop':>6}   (median us a call)")
+    totals = {n: 0.0 for n in PIECES} | {"sum": 0.0, "loop": 0.0}
+    for index in indices:
+        case = CaseSpec(label=str(index), kind=CaseKind.CONTEST, index=index,
+                        max_elements=4096 if device is Device.CPU else None)
+        t0 = time.perf_counter()
+        args = rt.make_args(case, 1)[0]
+        SYNC()
+        t1 = time.perf_counter()
+        work = AfterWork([args], rt.outputs(args), rt.roles(args).inouts)
+        work.poison_all()
+        SYNC()
+        t2 = time.perf_counter()
+        fn = backend.load_fresh(f"c{index}")
+        for _ in range(5):
+            fn(*args)
+        SYNC()
+        t3 = time.perf_counter()
+        mib = sum(t.numel() * t.element_size() for t in work.scales[0].values()) / 2**20
+        pieces = {n: statistics.median(v) for n, v in pieces_loop(str(index), fn, args, work, timer, a.calls).items()}
+        loop = statistics.median(harness_loop(str(index), fn, args, work, timer, a.calls))
+        row = pieces | {"sum": sum(pieces.values()), "loop": loop}
+        for n in totals:
+            totals[n] += row[n]
+        print(f"{index:>4} {mib:>7.0f} {(t1 - t0) * 1e3:>7.1f} {(t2 - t1) * 1e3:>7.1f} {(t3 - t2) * 1e3:>7.1f} "
+              + " ".join(f"{row[n]:>6.0f}" for n in PIECES) + f" {row['sum']:>6.0f} {row['loop']:>6.0f}", flush=True)
+        work.clear()
+        del args, work
+    print(f"{'all':>4} {'':>7} {'':>7} {'':>7} {'':>7} " + " ".join(f"{totals[n]:>6.0f}" for n in PIECES)
+          + f" {totals['sum']:>6.0f} {totals['loop']:>6.0f}   (sums over the cases)")
+    stop.set()
+    if ref.violation:
+        print(f"referee: {ref.violation}")
+
+
+if __name__ == "__main__":
+    main()
