@@ -27,6 +27,7 @@ from optagent.native_copy import NotTheBuild, checked_copy
 from optagent.settings import settings
 
 SOURCE = Path(__file__).resolve().parents[1] / "worker" / "native" / "timer.c"
+INCLUDED = (SOURCE.with_name("digest_ptx.h"),)  # what timer.c includes of its own: a change to it is a new build
 MODULE = "_optagent_timer"
 _built: dict[Path, str] = {}  # .so -> the sha256 this process built it with
 # A pool's threads ask at once; one builds, the others wait for it and check its file.
@@ -44,7 +45,7 @@ def _sha(path: Path) -> str:
 def _target(root: Path) -> Path:
     """One file per parent process: another optagent's rebuild never replaces a file whose sha256
     this process has handed to a worker (the worker loads a copy, so the name is free)."""
-    key = hashlib.sha256(SOURCE.read_bytes() + sys.version.encode()).hexdigest()[:24]
+    key = hashlib.sha256(b"".join(p.read_bytes() for p in (SOURCE, *INCLUDED)) + sys.version.encode()).hexdigest()[:24]
     return root / "native" / key / str(os.getpid()) / f"{MODULE}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
 
 

@@ -49,7 +49,7 @@ def patched_timers() -> list[str]:
 
 SLOW_MIN_ITERS = 5
 WARM_S = 0.05
-IDLE_S = 0.1  # WARM_S of warm-up only after the GPU idled this long since the last loop (native/timer.c)
+IDLE_S = 0.25  # WARM_S of warm-up only after the GPU idled this long since the last loop (native/timer.c says why)
 # a slow host's timing is taken again once the host is back at its usual speed: waiting this long each, this long in all
 HOST_WAIT_S = 1.0
 HOST_WAIT_TOTAL_S = 4.0

@@ -26,7 +26,7 @@ from optagent.messages import Job, NativeTimerSpec
 from optagent.native_copy import checked_copy
 from optagent.schema import Device
 from optagent.timer_records import LoopKind
-from optagent.worker import bench, host_speed, referee_client
+from optagent.worker import bench, digests, host_speed, referee_client
 
 NATIVE: Optional[ModuleType] = None  # set by the worker's main, before any candidate code exists
 MODULE = "_optagent_timer"
@@ -66,6 +66,7 @@ class NativeTimer:
         if job.device is Device.CUDA:
             torch.empty(1, device="cuda")  # the primary context exists and is current on this thread
             module.cuda_setup()
+            digests.use_native(module.digest)  # the after-work's digests in one pass (native/digest.cu)
 
     def _session(self, label: str, baseline: bool, n_sets: int, n_keep: int):
         # one per case and callable: the sets' refresh seeds carry over from the eager loop to the GPU one
