@@ -13,6 +13,7 @@ class, its native clock between the pipes as in a run), in two loops:
 - as the harness runs it (no extra syncs): the whole call-to-call time.
 
 and the case's one-off costs: making its inputs, the after-work's set-up, loading a fresh copy of the kernel.
+The digests go through timer.c's kernel as in a candidate's process (--torch-digest: the formula the judge uses).
 --busy-thread keeps a pure-Python thread spinning in this process, as a parent's other work would: the referee's
 thread then waits for Python's lock to answer R. A bench, never a run's path: the kernel runs in this process.
 """
@@ -20,6 +21,8 @@ thread then waits for Python's lock to answer R. A bench, never a run's path: th
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
+import importlib.util
 import os
 import statistics
 import tempfile
@@ -52,6 +55,27 @@ def attach_referee(device: Device) -> referee_mod.Referee:
     ref.started()
     referee_client._FDS = (answers, questions)
     return ref
+
+
+def native_digests() -> str:
+    """The harness's digests through timer.c's kernel, as a candidate process has them (worker/timers.py)."""
+    from optagent.evaluation.native_build import native_timer
+    from optagent.worker import digests
+
+    spec = native_timer()
+    if spec is None:
+        return "the torch formula (no native timer here)"
+    loader = importlib.machinery.ExtensionFileLoader("_optagent_timer", spec.path)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location("_optagent_timer", spec.path,
+                                                                                    loader=loader))
+    loader.exec_module(module)
+    secret_r, secret_w = os.pipe()
+    os.write(secret_w, bytes(32))
+    os.close(secret_w)
+    module.init(secret_r, os.open(os.devnull, os.O_WRONLY), True, 1, 1, 0, 0.0)
+    module.cuda_setup()
+    digests.use_native(module.digest)
+    return "timer.c's kernel"
 
 
 def pieces_loop(label: str, fn, args: list, work: AfterWork, timer: bench.Timer, calls: int) -> dict[str, list]:
@@ -112,6 +136,7 @@ def main() -> None:
     p.add_argument("--cases", default="")
     p.add_argument("--calls", type=int, default=40)
     p.add_argument("--busy-thread", action="store_true")
+    p.add_argument("--torch-digest", action="store_true", help="the digests by the torch formula, not timer.c's kernel")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: the bench's own smoke test "
                    "(Triton's interpreter, cases cut to 4096 elements)")
     a = p.parse_args()
@@ -126,11 +151,12 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="call_cost-"))
     backend.prepare(kernel, scratch)
     timer = bench.Timer(device, 3, 3, 0.0, 1)
+    how = native_digests() if device is Device.CUDA and not a.torch_digest else "the torch formula"
     ref = attach_referee(device)
     stop = threading.Event()
     if a.busy_thread:
         threading.Thread(target=spin, args=(stop,), daemon=True).start()
-    print(f"{task.root.name}: {kernel.name}, {a.calls} calls a loop, busy thread: {a.busy_thread}; "
+    print(f"{task.root.name}: {kernel.name}, {a.calls} calls a loop, busy thread: {a.busy_thread}; digests: {how}; "
           f"{torch.cuda.get_device_name(0) if device is Device.CUDA else 'cpu'}; flush buffer "
           f"{timer._flush.numel() >> 20 if timer._flush is not None else 0} MiB")
     print(f"{'case':>4} {'in MiB':>7} {'make ms':>7} {'work ms':>7} {'load ms':>7} "
