@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import ast
-import json
 import re
 import shutil
 import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -93,18 +90,13 @@ def test_the_native_digest_kernel_gives_the_formulas_sums(tmp_path):
     """The harness digests with timer.c's kernel, the judge with the torch formula: they must agree on every size,
     dtype and pass boundary, and a tensor the kernel cannot take (unaligned) goes through the formula."""
     from optagent.evaluation.native_build import native_timer
+    from test_native_timer import in_child  # tests/ is on sys.path
 
     spec = native_timer(tmp_path)
     assert spec is not None
-    code = textwrap.dedent('''
-        import importlib.machinery, importlib.util, json, os, sys, torch
+    got = in_child(Path(spec.path), '''
+        import torch
         from optagent.worker import digests
-        loader = importlib.machinery.ExtensionFileLoader("_optagent_timer", sys.argv[1])
-        m = importlib.util.module_from_spec(importlib.util.spec_from_file_location("_optagent_timer", sys.argv[1],
-                                                                                   loader=loader))
-        loader.exec_module(m)
-        sr, sw = os.pipe(); os.write(sw, bytes(range(32))); os.close(sw)
-        rr, rw = os.pipe()
         m.init(sr, rw, True, 2, 3, 1, 0.0)
         torch.empty(1, device="cuda")
         m.cuda_setup()
@@ -115,15 +107,11 @@ def test_the_native_digest_kernel_gives_the_formulas_sums(tmp_path):
         formula = [digests.outputs_digest({0: t}) for t in tensors]
         digests.use_native(m.digest)
         native = [digests.outputs_digest({0: t}) for t in tensors]
-        raw = torch.randn(4096, device="cuda")
-        words = digests._words(raw)
+        words = digests._words(torch.randn(4096, device="cuda"))
         sums = list(m.digest(words.data_ptr(), words.numel()))
         still = digests._native is not None
         digests.use_native(None)
         print(json.dumps({"same": [a == b for a, b in zip(formula, native)], "still": still,
                           "sums": sums == digests._gpu_sums(words)}))
     ''')
-    done = subprocess.run([sys.executable, "-c", code, spec.path], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
     assert all(got["same"]) and got["sums"] and got["still"], got
