@@ -82,8 +82,8 @@ class Timer:
     def __init__(self, device: Device, min_iters: int, max_iters: int, budget_s: float, warmup: int,
                  min_loop_s: float = 0.0):
         self.device = device
-        self.min_iters, self.max_iters, self.budget_s, self.warmup = min_iters, max_iters, budget_s, warmup
-        self.min_loop_s = min_loop_s
+        self.min_iters, self.max_iters, self.budget_s, self.warmup, self.min_loop_s = \
+            min_iters, max_iters, budget_s, warmup, min_loop_s
         self._flush: Optional[torch.Tensor] = None
         # GPU timings only: CPU-interpreter runs check correctness and their times are labels,
         # and a retried loop would make their few timed calls many
