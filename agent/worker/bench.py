@@ -85,8 +85,7 @@ class Timer:
         self.min_iters, self.max_iters, self.budget_s, self.warmup, self.min_loop_s = \
             min_iters, max_iters, budget_s, warmup, min_loop_s
         self._flush: Optional[torch.Tensor] = None
-        # GPU timings only: CPU-interpreter runs check correctness and their times are labels,
-        # and a retried loop would make their few timed calls many
+        # GPU timings only: a CPU-interpreter time is a label, and a retried loop would make its few timed calls many
         self.host_conditioned = device == Device.CUDA
         self._usual_probe = (host_speed.usual_probe_us(min(host_speed.probe_us() for _ in range(200)))
                              if self.host_conditioned else 0.0)
