@@ -1,8 +1,8 @@
 """What the orchestrator asks of a worker process, and how the worker answers.
 
-The answer travels on a private pipe whose file descriptor only the worker's harness knows; every message carries
-the per-run nonce. The candidate's own stdout and stderr go to log files and are never parsed. Each message kind is
-a model of one union: a line that is not one of them, exactly, is not the harness's.
+The answer travels on a private pipe whose file descriptor only the worker's harness knows; every message
+carries the per-run nonce. The candidate's own stdout and stderr go to log files and are never parsed. Each
+message kind is a model of one union: a line that is not one of them, exactly, is not the harness's.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ class CaseSpec(Record):
 
 class TimingSpec(Record):
     min_iters: int = 80  # not 20: a loop of 20 now and then read a case 10-60% slow (docs/gpu.md, 2026-12-07)
-    min_loop_s: float = 0.0  # and a loop's least time (seconds)
     max_iters: int = 200
     budget_s: float = 0.3  # per case and per timed callable
     input_sets: int = 3  # rotated fresh float inputs (keeps L2 and caches honest)
@@ -52,7 +51,8 @@ class Sample(Part):
 
 
 class NativeTimerSpec(Part):
-    """The native timer the parent built and checked (evaluation/native_build.py): its file and that file's sha256."""
+    """The native timer the parent built and checked (evaluation/native_build.py)."""
+
     path: str
     sha256: str
 

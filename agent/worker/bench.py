@@ -79,13 +79,12 @@ def stats(samples_us: list[float]) -> dict:
 
 
 class Timer:
-    def __init__(self, device: Device, min_iters: int, max_iters: int, budget_s: float, warmup: int,
-                 min_loop_s: float = 0.0):
+    def __init__(self, device: Device, min_iters: int, max_iters: int, budget_s: float, warmup: int):
         self.device = device
-        self.min_iters, self.max_iters, self.budget_s, self.warmup, self.min_loop_s = \
-            min_iters, max_iters, budget_s, warmup, min_loop_s
+        self.min_iters, self.max_iters, self.budget_s, self.warmup = min_iters, max_iters, budget_s, warmup
         self._flush: Optional[torch.Tensor] = None
-        # GPU timings only: a CPU-interpreter time is a label, and a retried loop would make its few timed calls many
+        # GPU timings only: CPU-interpreter runs check correctness and their times are labels,
+        # and a retried loop would make their few timed calls many
         self.host_conditioned = device == Device.CUDA
         self._usual_probe = (host_speed.usual_probe_us(min(host_speed.probe_us() for _ in range(200)))
                              if self.host_conditioned else 0.0)
@@ -114,16 +113,14 @@ class Timer:
         return statistics.median(samples)
 
     def _more(self, i: int, start: float) -> bool:
-        """Another timed call? At least min_iters calls and min_loop_s seconds, more while the budget lasts, at most
-        max_iters; a slow
+        """Another timed call? At least min_iters and more while the budget lasts, at most max_iters; a slow
         kernel (hundreds of ms a call) stops after a few once it has used four budgets (a starter: not minutes)."""
         if i >= self.max_iters:
             return False
         spent = perf_counter() - start
         if i < min(SLOW_MIN_ITERS, self.min_iters):
             return True
-        floor_met = i >= self.min_iters and spent >= self.min_loop_s  # the loop's least calls and least time
-        return spent < (self.budget_s if floor_met else 4 * self.budget_s)
+        return spent < (4 * self.budget_s if i < self.min_iters else self.budget_s)
 
     def eager(self, fn: Callable, arg_sets: list[list], after: Optional[Callable] = None) -> dict:
         """Median wall time of fn(*args) up to a device-wide sync, sets rotated, L2 flushed, over the calls

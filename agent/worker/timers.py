@@ -43,8 +43,7 @@ def load_native(spec: NativeTimerSpec, job: Job, secret_fd: int, report_fd: int)
         module = importlib.util.module_from_spec(found)
         loader.exec_module(module)
     t = job.timing
-    module.init(secret_fd, report_fd, job.device is Device.CUDA, t.min_iters, t.max_iters, t.warmup, t.budget_s,
-                t.min_loop_s)
+    module.init(secret_fd, report_fd, job.device is Device.CUDA, t.min_iters, t.max_iters, t.warmup, t.budget_s)
     # the machine's usual speed, not this process's fastest: one slow from its start would call its slowness usual
     # (on the H200 decode Triton's first three cases read 20% slow in one evaluation of four: docs/gpu.md, 2026-12-03)
     module.machine_usual(host_speed.usual_probe_us(module.usual_probe_us(), TimerKind.NATIVE))
@@ -123,7 +122,7 @@ class PythonTimer:
 
     def __init__(self, job: Job):
         t = job.timing
-        self.timer = bench.Timer(job.device, t.min_iters, t.max_iters, t.budget_s, t.warmup, t.min_loop_s)
+        self.timer = bench.Timer(job.device, t.min_iters, t.max_iters, t.budget_s, t.warmup)
         self.rng = random.Random()  # not the job's seed: the kernel cannot predict which calls are checked
         self.calls = 0
 

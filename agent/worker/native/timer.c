@@ -87,7 +87,7 @@ static struct {
     unsigned char secret[SECRET_BYTES];
     int report_fd;
     long min_iters, max_iters, warmup;
-    double budget_s, min_loop_s, usual_probe_us, sync_us;
+    double budget_s, usual_probe_us, sync_us;
     double last_end; /* when the last loop ended (0: none yet) */
     long long seq, calls;
     CUdeviceptr flush;
@@ -338,10 +338,9 @@ static int more(long i, double start, const double *samples, double *tmp) {
     double spent = now_s() - start;
     if (i < (SLOW_MIN_ITERS < S.min_iters ? SLOW_MIN_ITERS : S.min_iters))
         return 1;
-    int floor_met = i >= S.min_iters && spent >= S.min_loop_s; /* the loop's least calls and least time */
-    if (floor_met && stable(samples, i, tmp))
+    if (stable(samples, i, tmp))
         return 0;
-    return spent < (floor_met ? S.budget_s : 4 * S.budget_s);
+    return spent < (i < S.min_iters ? 4 * S.budget_s : S.budget_s);
 }
 
 typedef struct {
@@ -692,13 +691,12 @@ static PyObject *timer_digest(PyObject *mod, PyObject *args) {
 static PyObject *timer_init(PyObject *mod, PyObject *args) {
     int secret_fd, report_fd, cuda;
     long min_iters, max_iters, warmup;
-    double budget_s, min_loop_s = 0;
-    if (!PyArg_ParseTuple(args, "iipllld|d", &secret_fd, &report_fd, &cuda, &min_iters, &max_iters, &warmup, &budget_s,
-                          &min_loop_s))
+    double budget_s;
+    if (!PyArg_ParseTuple(args, "iipllld", &secret_fd, &report_fd, &cuda, &min_iters, &max_iters, &warmup, &budget_s))
         return NULL;
     if (S.initialized)
         return PyErr_Format(PyExc_RuntimeError, "optagent timer: init() was already called");
-    if (min_iters < 1 || max_iters < min_iters || warmup < 0 || !(budget_s >= 0) || !(min_loop_s >= 0))
+    if (min_iters < 1 || max_iters < min_iters || warmup < 0 || !(budget_s >= 0))
         return PyErr_Format(PyExc_ValueError, "optagent timer: bad iteration budget");
     S.initialized = 1; /* one-shot even when it fails below: a second call is never the harness's */
     size_t got = 0;
@@ -719,7 +717,6 @@ static PyObject *timer_init(PyObject *mod, PyObject *args) {
     S.max_iters = max_iters;
     S.warmup = warmup;
     S.budget_s = budget_s;
-    S.min_loop_s = min_loop_s;
     S.usual_probe_us = INFINITY;
     for (int i = 0; i < 200; i++)
         S.usual_probe_us = fmin(S.usual_probe_us, probe_us());
@@ -820,8 +817,7 @@ static PyObject *timer_machine_usual(PyObject *mod, PyObject *args) {
 
 static PyMethodDef timer_methods[] = {
     {"init", timer_init, METH_VARARGS,
-     "init(secret_fd, report_fd, cuda, min_iters, max_iters, warmup, budget_s[, min_loop_s]): once, before any "
-     "candidate code"},
+     "init(secret_fd, report_fd, cuda, min_iters, max_iters, warmup, budget_s): once, before any candidate code"},
     {"cuda_setup", timer_cuda_setup, METH_NOARGS, "look up the driver, allocate the L2 flush buffer"},
     {"session", timer_session, METH_VARARGS, "session(case_label, n_sets, n_keep) -> Session"},
     {"wait_for_usual", timer_wait_for_usual, METH_VARARGS, "wait_for_usual(max_s) -> bool"},
