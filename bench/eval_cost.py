@@ -257,7 +257,10 @@ class Bench:
                 row["retime2_s"] = time.monotonic() - t0
                 row["retime2"] = {"timer": TAP.since(mark), "costs": [r.costs.model_dump() if r.costs else None
                                                                        for r in again],
-                                  "settle_s": pool.lane_list[0].settled_s - settled}
+                                  "settle_s": pool.lane_list[0].settled_s - settled,
+                                  # against the evaluations' own: a re-time's lighter loops must not read faster
+                                  "geomean_us": [r.geomean_time_us for r in again],
+                                  "judged_us": [r.geomean_time_us for r in row["results"][:2]]}
         finally:
             row["pool"] = {"baseline_runs": pool.baseline_runs, "spares_taken": spares_taken(pool),
                            "baseline_why": pool.baseline_why}
@@ -329,6 +332,9 @@ def print_row(row: dict) -> None:
             ", ".join(f"{p} {c[p]:.2f}" for p in PHASES if c[p] >= 0.01) for c in phases)
             + f"; timer loops {again['timer']['loops_s']:.2f} s; the lane's wait for processes still starting "
             f"{again.get('settle_s', 0.0):.2f} s", flush=True)
+        if again.get("geomean_us"):
+            print("    re-time geomean us " + ", ".join(_f(g, '.1f') for g in again["geomean_us"]) + " against the "
+                  "evaluations' " + ", ".join(_f(g, '.1f') for g in again["judged_us"]), flush=True)
     if row.get("repeat_worst"):
         pct, case, a, b = row["repeat_worst"]
         print(f"    repeat: case {case} read {a:.1f} and {b:.1f} us ({pct:.1f}%)", flush=True)
