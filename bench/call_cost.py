@@ -48,6 +48,10 @@ SYNC = torch.cuda.synchronize
 PIECES = ("flush", "probe", "T", "call", "D", "clone", "digest", "R", "poison", "inouts", "redraw")
 
 
+def geomean(xs: list[float]) -> float:
+    return statistics.geometric_mean(xs) if xs and min(xs) > 0 else float("nan")
+
+
 def attach_referee(device: Device) -> referee_mod.Referee:
     """A referee for this process's own harness: its pipes' child ends kept (duplicated) here."""
     ref = referee_mod.Referee(spin_s=referee_mod.SPIN_S[device])
@@ -124,6 +128,61 @@ def harness_loop(label: str, fn, args: list, work: AfterWork, timer: bench.Timer
     return per
 
 
+# --variants: what the time between calls does to the next call. Each loop times the call as the timer does
+# (perf_counter around the call and its sync) and by events around it (the GPU's share), after one of:
+#   full      the harness's after-work (the referee asked, outputs kept, digested, poisoned, inputs redrawn)
+#   noR       the same work, the referee not asked (a re-time's referee: T and D only)
+#   light     a re-time's (the in/out tensors put back only)
+#   sleep     light, then 0.5 ms asleep (the host's core idle, as while the worker waits on the referee's pipe)
+#   pollute   light, then 32 MiB copied on the host (its caches filled with other data)
+VARIANTS = ("full", "noR", "light", "sleep", "pollute")
+_JUNK = bytearray(32 << 20)
+
+
+def variant_loop(ref, name: str, fn, args: list, work: AfterWork, timer: bench.Timer, calls: int):
+    sync, clock = SYNC, time.perf_counter
+    cuda = SYNC is torch.cuda.synchronize  # the CPU smoke test: no events
+    start, end = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else (None, None)
+    ref.retime = work.retime = name not in ("full", "noR")  # the referee's loop kind is read as the loop opens
+    ref.retime |= name == "noR"
+    work.refereed = name == "full"
+    eager, gpu = [], []
+    work.begin_loop()
+    with referee_client.timed_loop(f"{name}{len(ref.loops)}", False, 1, 4):
+        for call in range(calls):
+            timer.flush_l2(); sync()
+            host_speed.probe_us()
+            referee_client.mark("T")
+            t0 = clock()
+            if cuda:
+                start.record()
+            fn(*args)
+            if cuda:
+                end.record()
+            sync()
+            eager.append((clock() - t0) * 1e6)
+            referee_client.mark("D")
+            gpu.append(start.elapsed_time(end) * 1e3 if cuda else 0.0)
+            work(call, 0, call + 1, False, -1)
+            if name == "sleep":
+                time.sleep(0.0005)
+            elif name == "pollute":
+                bytes(_JUNK)
+    work.retime, work.refereed, ref.retime = False, True, False
+    return eager, gpu
+
+
+def variants(ref, label: str, fn, args: list, work: AfterWork, timer: bench.Timer, calls: int) -> dict:
+    """Each variant's median eager and GPU us, its loops interleaved over three rounds (drift spread evenly)."""
+    got: dict[str, tuple[list, list]] = {v: ([], []) for v in VARIANTS}
+    for _ in range(3):
+        for v in VARIANTS:
+            e, g = variant_loop(ref, v, fn, args, work, timer, calls)
+            got[v][0].extend(e)
+            got[v][1].extend(g)
+    return {v: (statistics.median(e), statistics.median(g)) for v, (e, g) in got.items()}
+
+
 def spin(stop: threading.Event) -> None:
     while not stop.is_set():
         sum(range(1000))
@@ -136,6 +195,8 @@ def main() -> None:
     p.add_argument("--cases", default="")
     p.add_argument("--calls", type=int, default=40)
     p.add_argument("--busy-thread", action="store_true")
+    p.add_argument("--variants", action="store_true", help="the next call's time after each kind of time between "
+                   "calls (VARIANTS), instead of the pieces")
     p.add_argument("--torch-digest", action="store_true", help="the digests by the torch formula, not timer.c's kernel")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: the bench's own smoke test "
                    "(Triton's interpreter, cases cut to 4096 elements)")
@@ -162,6 +223,7 @@ def main() -> None:
     print(f"{'case':>4} {'in MiB':>7} {'make ms':>7} {'work ms':>7} {'load ms':>7} "
           + " ".join(f"{n:>6}" for n in PIECES) + f" {'sum':>6} {'loop':>6}   (median us a call)")
     totals = {n: 0.0 for n in PIECES} | {"sum": 0.0, "loop": 0.0}
+    vtotals: dict[str, tuple[list, list]] = {v: ([], []) for v in VARIANTS}
     for index in indices:
         case = CaseSpec(label=str(index), kind=CaseKind.CONTEST, index=index,
                         max_elements=4096 if device is Device.CPU else None)
@@ -179,6 +241,14 @@ def main() -> None:
         SYNC()
         t3 = time.perf_counter()
         mib = sum(t.numel() * t.element_size() for t in work.scales[0].values()) / 2**20
+        if a.variants:
+            got = variants(ref, str(index), fn, args, work, timer, a.calls)
+            for v, (e, g) in got.items():
+                vtotals[v][0].append(e)
+                vtotals[v][1].append(g)
+            print(f"{index:>4} eager/gpu us: " + "  ".join(f"{v} {e:.1f}/{g:.1f}" for v, (e, g) in got.items()),
+                  flush=True)
+            continue
         pieces = {n: statistics.median(v) for n, v in pieces_loop(str(index), fn, args, work, timer, a.calls).items()}
         loop = statistics.median(harness_loop(str(index), fn, args, work, timer, a.calls))
         row = pieces | {"sum": sum(pieces.values()), "loop": loop}
@@ -188,8 +258,13 @@ def main() -> None:
               + " ".join(f"{row[n]:>6.0f}" for n in PIECES) + f" {row['sum']:>6.0f} {row['loop']:>6.0f}", flush=True)
         work.clear()
         del args, work
-    print(f"{'all':>4} {'':>7} {'':>7} {'':>7} {'':>7} " + " ".join(f"{totals[n]:>6.0f}" for n in PIECES)
-          + f" {totals['sum']:>6.0f} {totals['loop']:>6.0f}   (sums over the cases)")
+    if a.variants:
+        full = vtotals["full"]
+        print("geomean eager/gpu us, and eager against full's: " + "  ".join(
+            f"{v} {geomean(e):.1f}/{geomean(g):.1f} ({geomean(e) / geomean(full[0]):.3f})" for v, (e, g) in vtotals.items()))
+    else:
+        print(f"{'all':>4} {'':>7} {'':>7} {'':>7} {'':>7} " + " ".join(f"{totals[n]:>6.0f}" for n in PIECES)
+              + f" {totals['sum']:>6.0f} {totals['loop']:>6.0f}   (sums over the cases)")
     stop.set()
     if ref.violation:
         print(f"referee: {ref.violation}")
