@@ -132,10 +132,11 @@ def harness_loop(label: str, fn, args: list, work: AfterWork, timer: bench.Timer
 # (perf_counter around the call and its sync) and by events around it (the GPU's share), after one of:
 #   full      the harness's after-work (the referee asked, outputs kept, digested, poisoned, inputs redrawn)
 #   noR       the same work, the referee not asked (a re-time's referee: T and D only)
+#   spinR     full, every answer (R's, the marks') awaited spinning (timer.c spins for its marks'), not blocking
 #   light     a re-time's (the in/out tensors put back only)
 #   sleep     light, then 0.5 ms asleep (the host's core idle, as while the worker waits on the referee's pipe)
 #   pollute   light, then 32 MiB copied on the host (its caches filled with other data)
-VARIANTS = ("full", "noR", "light", "sleep", "pollute")
+VARIANTS = ("full", "noR", "spinR", "light", "sleep", "pollute")
 _JUNK = bytearray(32 << 20)
 
 
@@ -143,9 +144,11 @@ def variant_loop(ref, name: str, fn, args: list, work: AfterWork, timer: bench.T
     sync, clock = SYNC, time.perf_counter
     cuda = SYNC is torch.cuda.synchronize  # the CPU smoke test: no events
     start, end = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else (None, None)
-    ref.retime = work.retime = name not in ("full", "noR")  # the referee's loop kind is read as the loop opens
+    ref.retime = work.retime = name not in ("full", "noR", "spinR")  # the referee's loop kind, read as it opens
     ref.retime |= name == "noR"
-    work.refereed = name == "full"
+    work.refereed = name in ("full", "spinR")
+    referee_client.ask = spinning_ask if name == "spinR" else blocking_ask  # the marks' answers too, as timer.c's
+    os.set_blocking(referee_client._FDS[0], name != "spinR")
     eager, gpu = [], []
     work.begin_loop()
     with referee_client.timed_loop(f"{name}{len(ref.loops)}", False, 1, 4):
@@ -168,8 +171,24 @@ def variant_loop(ref, name: str, fn, args: list, work: AfterWork, timer: bench.T
                 time.sleep(0.0005)
             elif name == "pollute":
                 bytes(_JUNK)
-    work.retime, work.refereed, ref.retime = False, True, False
+    work.retime, work.refereed, ref.retime, referee_client.ask = False, True, False, blocking_ask
+    os.set_blocking(referee_client._FDS[0], True)
     return eager, gpu
+
+
+blocking_ask = referee_client.ask
+
+
+def spinning_ask(question: str) -> list[str]:
+    answers, questions = referee_client._FDS
+    os.write(questions, question.encode("ascii") + b"\n")
+    line = b""
+    while not line.endswith(b"\n"):
+        try:
+            line += os.read(answers, 256)
+        except BlockingIOError:
+            pass
+    return line.decode("ascii").split()
 
 
 def variants(ref, label: str, fn, args: list, work: AfterWork, timer: bench.Timer, calls: int) -> dict:
