@@ -134,9 +134,11 @@ def harness_loop(label: str, fn, args: list, work: AfterWork, timer: bench.Timer
 #   noR       the same work, the referee not asked (a re-time's referee: T and D only)
 #   spinR     full, every answer (R's, the marks') awaited spinning (timer.c spins for its marks'), not blocking
 #   light     a re-time's (the in/out tensors put back only)
+#   redraw    light, then the read-only inputs redrawn (the after-work's bandwidth, none of the rest)
+#   digest    light, then the outputs copied and digested (no R, no redraw)
 #   sleep     light, then 0.5 ms asleep (the host's core idle, as while the worker waits on the referee's pipe)
 #   pollute   light, then 32 MiB copied on the host (its caches filled with other data)
-VARIANTS = ("full", "noR", "spinR", "light", "sleep", "pollute")
+VARIANTS = ("full", "noR", "spinR", "light", "redraw", "digest", "sleep", "pollute")
 _JUNK = bytearray(32 << 20)
 
 
@@ -167,7 +169,11 @@ def variant_loop(ref, name: str, fn, args: list, work: AfterWork, timer: bench.T
             referee_client.mark("D")
             gpu.append(start.elapsed_time(end) * 1e3 if cuda else 0.0)
             work(call, 0, call + 1, False, -1)
-            if name == "sleep":
+            if name == "redraw":
+                refresh_floats(args, call + 1, work.scales[0])
+            elif name == "digest":
+                outputs_digest({j: args[j].detach().clone() for j in work.outs})
+            elif name == "sleep":
                 time.sleep(0.0005)
             elif name == "pollute":
                 bytes(_JUNK)
