@@ -28,9 +28,8 @@ from optagent.task import load_task
 class Harness:
     """The worker's side of a referee's pipes, driven by the test."""
 
-    def __init__(self, retime: bool = False) -> None:
+    def __init__(self) -> None:
         self.referee = ref.Referee()
-        self.referee.retime = retime  # the parent's word, before the worker has its job
         self.answers, self.questions = (os.dup(fd) for fd in self.referee.child_fds)
         self.referee.started()
 
@@ -108,41 +107,6 @@ def test_a_question_out_of_turn_ends_the_answers(questions, why):
     r = h.close()
     assert why in (r.violation or ""), r.violation
     assert why in (figures.unrefereed(r, ["smoke-1"]) or "")
-
-
-def test_a_retimes_referee_times_calls_and_gaps_and_takes_no_seed_or_digest():
-    """A re-time's loop is T and D only (no judge follows: nothing kept, nothing redrawn); its time between
-    calls runs from D's answer to the next T."""
-    h = Harness(retime=True)
-    assert h.ask("B smoke-1 eager 1 3") == ["G"]
-    for _ in range(4):
-        time.sleep(0.02)  # the flush
-        assert h.ask("T") == ["G"]
-        time.sleep(0.01)
-        assert h.ask("D") == ["G"]
-    assert h.ask("E") == ["G"]
-    r = h.close()
-    lp = r.loop("smoke-1", False)
-    assert r.violation is None and lp is not None and lp.retime and not lp.kept
-    assert len(lp.calls_us) == 4 and min(lp.calls_us) > 9_000, lp.calls_us
-    assert len(lp.between_us) == 3 and 19_000 < lp.between_low_us < 60_000, lp.between_us
-
-
-@pytest.mark.parametrize("questions,why", [
-    # a re-time's harness asks no seed and tells no digest: either is not the harness (and a normal evaluation's
-    # loop without its R is "left open" above: the worker cannot choose the re-time's loop for itself)
-    (["B smoke-1 eager 1 3", "T", "D", "R 0 0 " + "ab" * 32], "told a digest"),
-    (["B smoke-1 eager 1 3", "W 0"], "asked a seed"),
-    (["B smoke-1 eager 1 3", "T", "T"], "T where the harness says D"),
-])
-def test_a_retimes_loop_with_a_seed_or_digest_asked_ends_the_answers(questions, why):
-    h = Harness(retime=True)
-    answers = [h.ask(q) for q in questions]
-    if answers[-1]:  # a mark out of turn: the native clock answered it
-        answers.append(h.ask("E"))
-    assert answers[-1] == [] and all(answers[:-1])
-    r = h.close()
-    assert why in (r.violation or ""), r.violation
 
 
 def loop(calls_us: list[float], between_us: tuple = (), baseline: bool = False) -> ref.RefereeLoop:

@@ -7,7 +7,6 @@ import pytest
 
 from optagent.evaluation import evaluator as evaluator_module
 from optagent.evaluation import judges as judges_module
-from optagent.evaluation import referee as referee_module
 from optagent.evaluation.evaluator import SandboxEvaluator
 from optagent.evaluation.cases import select_cases
 from optagent.evaluation.pool import LocalPool
@@ -65,31 +64,17 @@ def test_a_retime_runs_no_judge_and_no_checked_run(pool_and_modes, monkeypatch):
         samples.append(sum(len(m.samples) for m in run.all(CaseRan)))
         return assemble(job, run, *a, **k)
     monkeypatch.setattr(evaluator_module, "assemble", spy)
-    heard: list[tuple[bool, str]] = []  # (a re-time's referee, the question's kind), as the referees heard them
-    answer = referee_module.Referee._answer
-
-    def listen(self, raw, window_us):
-        heard.append((self.retime, raw[:1].decode()))
-        return answer(self, raw, window_us)
-    monkeypatch.setattr(referee_module.Referee, "_answer", listen)
     [(_, first)] = list(pool.evaluate([PoolJob(0, source, Language.TRITON)]))
-    # the evaluation's timed calls each told a digest and had their inputs redrawn (B, W, R, E: the native clock
-    # answers T and D itself where it is built)
-    assert {k for retime, k in heard if not retime} >= {"B", "R", "E"} and not any(r for r, _ in heard), heard
-    heard.clear()
     assert first.status is Status.PASSED and modes.count("judge") == 1
     assert first.costs.judge > 0 and first.cases[0].rel_err is not None
     modes.clear()
     again = pool.retime([PoolJob(0, source, Language.TRITON), PoolJob(1, source, Language.TRITON)])
-    assert [r.status for r in again] == [Status.PASSED, Status.PASSED], [r.reason for r in again]
+    assert [r.status for r in again] == [Status.PASSED, Status.PASSED]
     # two candidate processes and no judge (the lane's baseline job may run again: the host drifted)
     assert modes.count("candidate") == 2 and "judge" not in modes and "warm judge" not in modes, modes
     assert all(r.costs.judge == 0 and r.cases[0].time_us for r in again)
     # timing only: the first evaluation saved its checked runs and timed calls, the re-time's processes nothing
     assert samples[0] >= 2 and samples[1:] == [0, 0], samples
-    # and the re-time's loops asked no seed and told no digest: nothing redrawn, digested or kept between calls
-    candidate_loops = {k for retime, k in heard if retime}
-    assert "B" in candidate_loops and not candidate_loops & {"R", "W"}, heard
 
 
 def test_no_state_is_carried_from_one_candidates_process_to_the_next(pool_and_modes):

@@ -23,11 +23,6 @@ referee_log.py); the
 judge checks exactly the calls kept here, rebuilt from the seeds drawn here, against the digests committed here
 (worker/judge.py).
 
-A re-time's referee (``retime``, set by the parent from the job it sends: never the worker's word) hears only B, T, D
-and E: its process redraws nothing and keeps nothing (no judge follows), so the time between calls is the flush and
-the in/out tensors put back, and no call asks a seed or tells a digest; a W or an R there is a violation. What such a
-loop can hide is bounded by the judged timing, which no re-time undercuts (search/accept.py judged_floor).
-
 A thread of the parent (a process costs a start), timed by a native clock between the worker's pipes and it
 (started): its own waits for Python's lock stay out of the windows. Seeds, kept calls, digests and the clock's floor
 under the recorded time hold on every device."""
@@ -87,10 +82,8 @@ class RefereeLoop:
     closed: bool = False
     keep_target: int = MIN_KEEP  # its reservoir (_reservoir): how many calls it keeps, and how many it has seen
     seen: int = 0
-    retime: bool = False  # a re-time's loop: T and D only (the module's last paragraph)
     expect: str = "T"  # the next mark or question of a timed call: T, D, R
-    digest_us: Optional[float] = None  # the last call's window from D's answer to its R (its time between begins;
-    # a re-time's: 0, its time between is D's answer to the next T)
+    digest_us: Optional[float] = None  # the last call's window from D's answer to its R (its time between begins)
 
     @property
     def call_us(self) -> Optional[float]:
@@ -117,7 +110,6 @@ class Referee:
 
     def __init__(self, spin_s: float = 0.0) -> None:
         self.spin_s = spin_s  # SPIN_S, for the native clock
-        self.retime = False  # set by the parent before the job goes out (sandbox.py): a re-time's loops (above)
         self._q_r, self._q_w = os.pipe()  # questions: the worker writes, the referee reads
         self._a_r, self._a_w = os.pipe()  # answers: the referee writes, the worker reads
         self.loops: list[RefereeLoop] = []
@@ -221,8 +213,7 @@ class Referee:
             if n_sets != ONE_SET:
                 self._violate(f"a timed loop over {n_sets} input sets; a refereed loop redraws one before every call")
                 return None
-            lp = RefereeLoop(label, which == "baseline", n_sets, keep_target=min(MAX_KEEP, max(MIN_KEEP, n_keep)),
-                             retime=self.retime)
+            lp = RefereeLoop(label, which == "baseline", n_sets, keep_target=min(MAX_KEEP, max(MIN_KEEP, n_keep)))
             self._seeds.setdefault((label, lp.baseline), [None] * n_sets)
             self.loops.append(lp)
             return "G"
@@ -236,10 +227,6 @@ class Referee:
         if kind == "E":
             open_loop.closed = True
             return "G"
-        if kind in ("W", "R") and open_loop.retime:
-            self._violate(f"a re-time's timed loop {'told a digest' if kind == 'R' else 'asked a seed'}: a re-time "
-                          "redraws nothing and keeps nothing")
-            return None
         if kind == "W":
             open_loop.digest_us = None  # warm-up calls in between: the next gap is not one call's to the next
         if kind in MARKS or kind == "R":
@@ -274,11 +261,9 @@ class Referee:
             lp.between_us.append(lp.digest_us + window_us)
         elif kind == "D":
             lp.calls_us.append(window_us)
-            if lp.retime:  # no R: the time between begins at D's answer
-                lp.digest_us = 0.0
         elif kind == "R":
             lp.digest_us = window_us
-        lp.expect = {"T": "D", "D": "T" if lp.retime else "R", "R": "T"}[kind]
+        lp.expect = {"T": "D", "D": "R", "R": "T"}[kind]
         return None
 
     def _reservoir(self, lp: RefereeLoop, entry: KeptCall) -> tuple[bool, int]:

@@ -82,7 +82,7 @@ def unrefereed(referee: Referee, timed: list[str]) -> Optional[str]:
         return f"the referee stopped answering: {referee.violation}"
     for label in timed:
         lp = referee.loop(label, False)
-        if lp is None or not lp.calls_us or not (lp.kept or lp.retime):  # a re-time keeps no call (referee.py)
+        if lp is None or not lp.calls_us or not lp.kept:
             return f"case {label}: its timed calls were not made under the referee (the harness's loop did not run)"
     return None
 

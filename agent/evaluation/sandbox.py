@@ -148,8 +148,6 @@ def spawn(job: Job, job_fd: int, job_arg: str, timeout_s: float, control: Option
     limits = limits_for(job.device)
     report = ReportPipe() if job.mode in ("candidate", "baseline") and job.timer is not None else None
     referee = Referee(SPIN_S[job.device]) if refereed(job) else None
-    if referee is not None:
-        referee.retime = job.retime  # a spare's is set again when its job goes out (warm_worker.py)
     argv, env = command(job, scratch, job_arg, wfd, marker, mech, limits, prefix, timeout_s)
     control = control or Control()
     env.update(control.env)

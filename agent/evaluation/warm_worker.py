@@ -92,8 +92,6 @@ class WarmWorker:
             self.spawned.control = gate  # its stop flag, its lane wait, and its close when the process ends
             fds = [*fds, *gate.fds]
             job = job.model_copy(update={"gate_fd": gate.fds[0] if gate.fds else None})
-        if self.spawned.referee is not None:  # the parent's word on the loops' kind, before the worker has the job
-            self.spawned.referee.retime = job.retime
         try:
             job_channel.send(self.sock, job.model_dump_json().encode(), fds)
         except OSError:

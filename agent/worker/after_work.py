@@ -7,11 +7,6 @@ baseline's loop runs the same work, before any candidate code exists in the proc
 baseline job), so its interval is the reference the parent holds a candidate's against: a
 candidate that rebinds the harness's helpers to do part of its work here is seen by that
 comparison (evaluation/timer_check.py), not by anything in this file, which it can rewrite.
-
-A re-time's loops (``retime``: Job.retime) only put the in/out tensors back: no judge follows, so no outputs are
-kept, digested or poisoned and no inputs redrawn (the referee asks none: evaluation/referee.py). That work was most
-of a loop's cost (a call's own time is 5-50% of it: docs/gpu.md, 2026-12-07), and a re-time is never faster than the
-judged timing (search/accept.py), so what a kernel gains from inputs that stay is not counted.
 """
 
 from __future__ import annotations
@@ -26,8 +21,8 @@ from optagent.worker.harness import float_bases, poison, refresh_floats
 
 
 class AfterWork:
-    def __init__(self, sets: list[list], outs: list[int], inouts: tuple[int, ...] = (), retime: bool = False):
-        self.sets, self.poisoned, self.inouts, self.retime = sets, list(outs), list(inouts), retime
+    def __init__(self, sets: list[list], outs: list[int], inouts: tuple[int, ...] = ()):
+        self.sets, self.poisoned, self.inouts = sets, list(outs), list(inouts)
         self.outs = sorted(self.poisoned + self.inouts)  # what each call's outputs are, saved for the judge
         self.scales = [float_bases(a, set(self.outs)) for a in sets]  # the base inputs, as the judge rebuilds them
         self.contents = [{j: a[j].clone() for j in self.inouts} for a in sets]  # each set's in/out tensors as made
@@ -45,9 +40,6 @@ class AfterWork:
 
     def __call__(self, call: int, k: int, seed: int, keep: bool, drop: int) -> None:
         args = self.sets[k]
-        if self.retime:
-            self.put_back(k)
-            return
         if self.refereed:
             call, seed, keep, drop = self._ask(call, k)
         if call >= 0:
@@ -57,13 +49,9 @@ class AfterWork:
                 self.held[call] = out
             self.held.pop(drop, None)
         self.poison_set(args)
-        self.put_back(k)
-        refresh_floats(args, seed, self.scales[k])
-
-    def put_back(self, k: int) -> None:
-        """Set k's in/out tensors as made (an in-place kernel's next call starts where its first did)."""
         for j, made in self.contents[k].items():
-            self.sets[k][j].copy_(made)
+            args[j].copy_(made)
+        refresh_floats(args, seed, self.scales[k])
 
     def _ask(self, call: int, k: int) -> tuple[int, int, bool, int]:
         """The referee's seed and keep for this call, after its outputs' digest is told (a warm-up: the seed)."""
@@ -88,9 +76,10 @@ class AfterWork:
         """Every set as before its first timed call: outputs poisoned, in/out tensors put back. Called
         after a warm-up that ran outside the after-work (the CUDA graphs' capture): an in-place kernel's
         warm-up call has already changed them, and a replay on that state answers another question."""
-        for k, args in enumerate(self.sets):
+        for args, made in zip(self.sets, self.contents):
             self.poison_set(args)
-            self.put_back(k)
+            for j, tensor in made.items():
+                args[j].copy_(tensor)
 
     def take(self, call: int, k: int) -> Optional[dict]:
         """The outputs the timer kept for `call` on set k, if the harness still holds them."""

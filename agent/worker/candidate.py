@@ -203,7 +203,7 @@ class Candidate:
             sets = [rt.make_args(case, set_seed(self.job, k))[0] for k in range(t.input_sets)]
             sizes = rt.describe(sets[0])
             # the candidate's after-work, here too: its interval is the reference for the candidate's
-            work = AfterWork(sets, rt.outputs(sets[0]), rt.roles(sets[0]).inouts, self.job.retime)
+            work = AfterWork(sets, rt.outputs(sets[0]), rt.roles(sets[0]).inouts)
             work.poison_all()
             with referee_client.timed_loop(case.label, True, len(sets), 0):
                 timing = self.timer.eager(case.label, LoopKind.BASELINE, baseline, sets, work)
@@ -257,7 +257,7 @@ class Candidate:
     def _timed(self, case: CaseSpec, fn, backend) -> tuple[list[Sample], dict]:
         rt, job = self.rt, self.job
         sets = [rt.make_args(case, set_seed(job, k))[0] for k in range(job.timing.input_sets)]
-        work = AfterWork(sets, rt.outputs(sets[0]), rt.roles(sets[0]).inouts, job.retime)
+        work = AfterWork(sets, rt.outputs(sets[0]), rt.roles(sets[0]).inouts)
         n_keep = min(SAMPLED_CALLS, max(1, SAMPLED_BYTES // max(out_bytes(sets, work.outs), 1)))
 
         def saved(check: list) -> list[Sample]:
