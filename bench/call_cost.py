@@ -1,6 +1,6 @@
 """Where one timed call's milliseconds go, piece by piece (issue 31).
 
-    python bench/call_cost.py [PACKAGE_DIR] [KERNEL] [--cases 1,6,12] [--calls 40] [--busy-thread]
+    python bench/call_cost.py [PACKAGE_DIR] [KERNEL] [--cases 1,6,12] [--calls 40] [--busy-thread] [--variants]
 
 A timed loop costs about 2.2 ms a call on an H100 for kernels of 35-180 us (docs/gpu.md, 2026-12-07): the harness's
 work around each call, not the call. This bench takes a package's starter (or KERNEL, a Python kernel file) and, per
@@ -14,6 +14,8 @@ class, its native clock between the pipes as in a run), in two loops:
 
 and the case's one-off costs: making its inputs, the after-work's set-up, loading a fresh copy of the kernel.
 The digests go through timer.c's kernel as in a candidate's process (--torch-digest: the formula the judge uses).
+--variants instead times the call (as the timer does, and by events) after each kind of time between calls
+(VARIANTS below), their loops interleaved: what the harness's own work between calls does to the next call's time.
 --busy-thread keeps a pure-Python thread spinning in this process, as a parent's other work would: the referee's
 thread then waits for Python's lock to answer R. A bench, never a run's path: the kernel runs in this process.
 """
@@ -52,9 +54,22 @@ def geomean(xs: list[float]) -> float:
     return statistics.geometric_mean(xs) if xs and min(xs) > 0 else float("nan")
 
 
+class BenchReferee(referee_mod.Referee):
+    """The parent's referee; ``lenient``: a loop's T may follow its D without an R (--variants without the
+    harness's after-work)."""
+
+    lenient = False
+
+    def _in_turn(self, lp, kind, window_us):
+        why = super()._in_turn(lp, kind, window_us)
+        if self.lenient and kind == "D":  # no R: the next call's T, its time between from D's answer
+            lp.expect, lp.digest_us = "T", 0.0
+        return why
+
+
 def attach_referee(device: Device) -> referee_mod.Referee:
     """A referee for this process's own harness: its pipes' child ends kept (duplicated) here."""
-    ref = referee_mod.Referee(spin_s=referee_mod.SPIN_S[device])
+    ref = BenchReferee(spin_s=referee_mod.SPIN_S[device])
     answers, questions = (os.dup(fd) for fd in ref.child_fds)
     ref.started()
     referee_client._FDS = (answers, questions)
@@ -131,9 +146,9 @@ def harness_loop(label: str, fn, args: list, work: AfterWork, timer: bench.Timer
 # --variants: what the time between calls does to the next call. Each loop times the call as the timer does
 # (perf_counter around the call and its sync) and by events around it (the GPU's share), after one of:
 #   full      the harness's after-work (the referee asked, outputs kept, digested, poisoned, inputs redrawn)
-#   noR       the same work, the referee not asked (a re-time's referee: T and D only)
+#   noR       the same work without the referee's question (nor the digest told there)
 #   spinR     full, every answer (R's, the marks') awaited spinning (timer.c spins for its marks'), not blocking
-#   light     a re-time's (the in/out tensors put back only)
+#   light     the in/out tensors put back only (what a timing-only loop would need)
 #   redraw    light, then the read-only inputs redrawn (the after-work's bandwidth, none of the rest)
 #   digest    light, then the outputs copied and digested (no R, no redraw)
 #   sleep     light, then 0.5 ms asleep (the host's core idle, as while the worker waits on the referee's pipe)
@@ -146,9 +161,8 @@ def variant_loop(ref, name: str, fn, args: list, work: AfterWork, timer: bench.T
     sync, clock = SYNC, time.perf_counter
     cuda = SYNC is torch.cuda.synchronize  # the CPU smoke test: no events
     start, end = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else (None, None)
-    ref.retime = work.retime = name not in ("full", "noR", "spinR")  # the referee's loop kind, read as it opens
-    ref.retime |= name == "noR"
-    work.refereed = name in ("full", "spinR")
+    ref.lenient = name not in ("full", "spinR")  # its loops then take T and D without R between (BenchReferee)
+    work.refereed = not ref.lenient
     referee_client.ask = spinning_ask if name == "spinR" else blocking_ask  # the marks' answers too, as timer.c's
     os.set_blocking(referee_client._FDS[0], name != "spinR")
     eager, gpu = [], []
@@ -168,7 +182,11 @@ def variant_loop(ref, name: str, fn, args: list, work: AfterWork, timer: bench.T
             eager.append((clock() - t0) * 1e6)
             referee_client.mark("D")
             gpu.append(start.elapsed_time(end) * 1e3 if cuda else 0.0)
-            work(call, 0, call + 1, False, -1)
+            if name in ("full", "spinR", "noR"):
+                work(call, 0, call + 1, False, -1)
+            else:
+                for j, made in work.contents[0].items():
+                    args[j].copy_(made)
             if name == "redraw":
                 refresh_floats(args, call + 1, work.scales[0])
             elif name == "digest":
@@ -177,7 +195,7 @@ def variant_loop(ref, name: str, fn, args: list, work: AfterWork, timer: bench.T
                 time.sleep(0.0005)
             elif name == "pollute":
                 bytes(_JUNK)
-    work.retime, work.refereed, ref.retime, referee_client.ask = False, True, False, blocking_ask
+    work.refereed, ref.lenient, referee_client.ask = True, False, blocking_ask
     os.set_blocking(referee_client._FDS[0], True)
     return eager, gpu
 
