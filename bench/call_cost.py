@@ -113,9 +113,7 @@ def pieces_loop(label: str, fn, args: list, work: AfterWork, timer: bench.Timer,
             digest = outputs_digest({j: args[j] for j in work.outs}); t.append(clock())
             _, seed, _, _ = referee_client.ask(f"R {call} 0 {digest}"); t.append(clock())
             work.poison_set(args); sync(); t.append(clock())
-            for j, made in work.contents[0].items():
-                args[j].copy_(made)
-            sync(); t.append(clock())
+            work.put_back(0); sync(); t.append(clock())
             refresh_floats(args, int(seed), work.scales[0]); sync(); t.append(clock())
             del outs
             for name, a, b in zip(PIECES, t, t[1:]):
@@ -157,6 +155,9 @@ VARIANTS = ("full", "noR", "spinR", "light", "redraw", "digest", "sleep", "pollu
 _JUNK = bytearray(32 << 20)
 
 
+blocking_ask = referee_client.ask  # the harness's, put back after a spinR loop
+
+
 def variant_loop(ref, name: str, fn, args: list, work: AfterWork, timer: bench.Timer, calls: int):
     sync, clock = SYNC, time.perf_counter
     cuda = SYNC is torch.cuda.synchronize  # the CPU smoke test: no events
@@ -185,8 +186,7 @@ def variant_loop(ref, name: str, fn, args: list, work: AfterWork, timer: bench.T
             if name in ("full", "spinR", "noR"):
                 work(call, 0, call + 1, False, -1)
             else:
-                for j, made in work.contents[0].items():
-                    args[j].copy_(made)
+                work.put_back(0)
             if name == "redraw":
                 refresh_floats(args, call + 1, work.scales[0])
             elif name == "digest":
@@ -198,9 +198,6 @@ def variant_loop(ref, name: str, fn, args: list, work: AfterWork, timer: bench.T
     work.refereed, ref.lenient, referee_client.ask = True, False, blocking_ask
     os.set_blocking(referee_client._FDS[0], True)
     return eager, gpu
-
-
-blocking_ask = referee_client.ask
 
 
 def spinning_ask(question: str) -> list[str]:

@@ -53,9 +53,13 @@ class AfterWork:
                 self.held[call] = out
             self.held.pop(drop, None)
         self.poison_set(args)
-        for j, made in self.contents[k].items():
-            args[j].copy_(made)
+        self.put_back(k)
         refresh_floats(args, seed, self.scales[k])
+
+    def put_back(self, k: int) -> None:
+        """Set k's in/out tensors as they were made (an in-place kernel's next call starts where its first did)."""
+        for j, made in self.contents[k].items():
+            self.sets[k][j].copy_(made)
 
     def _ask(self, call: int, k: int) -> tuple[int, int, bool, int]:
         """The referee's seed and keep for this call, after its outputs' digest is told (a warm-up: the seed)."""
@@ -80,10 +84,9 @@ class AfterWork:
         """Every set as before its first timed call: outputs poisoned, in/out tensors put back. Called
         after a warm-up that ran outside the after-work (the CUDA graphs' capture): an in-place kernel's
         warm-up call has already changed them, and a replay on that state answers another question."""
-        for args, made in zip(self.sets, self.contents):
+        for k, args in enumerate(self.sets):
             self.poison_set(args)
-            for j, tensor in made.items():
-                args[j].copy_(tensor)
+            self.put_back(k)
 
     def take(self, call: int, k: int) -> Optional[dict]:
         """The outputs the timer kept for `call` on set k, if the harness still holds them."""
