@@ -2,6 +2,7 @@
 
     python bench/eval_cost.py [--packages decode,add_rmsnorm,silu_mul_fp8] [--langs triton,cuda]
                               [--budget S] [--widths 1,2,4] [--width-candidates N] [--json-out FILE]
+                              [--combos PACKAGE:LANG[:WIDTH][@KERNEL_FILE],...]
 
 Everything goes through the evaluation pool a run uses (evaluation/pool.py, the same sandboxed
 candidate and judge processes, the lane's baselines timed once and reused), in this process, on
@@ -21,8 +22,10 @@ each package's starter kernels. Per package and language it measures, while time
   after a slow stretch of the host: the rest of the phase is the harness's between loops (loading each
   case's module, capturing graphs, saving outputs);
 
-then, per package, candidates an hour at each width in --widths: --width-candidates evaluations of
-the first language's starter submitted at once to a pool of that many jobs. Rows print as they
+A combo with @KERNEL_FILE measures that kernel instead of the starter: a run re-times a candidate against its
+incumbent, which after its first gains are fast kernels, not the starter (whose own calls, 0.9 ms a decode case,
+set its re-time's floor). Then, per package, candidates an hour at each width in --widths: --width-candidates
+evaluations of the first language's starter submitted at once to a pool of that many jobs. Rows print as they
 are measured; --budget (seconds) stops starting new work once spent (whatever runs finishes).
 """
 
@@ -40,7 +43,7 @@ from typing import Optional
 
 from optagent.app.build import build_evaluator
 from optagent.costs import Costs
-from optagent.evaluation import referee, verdict
+from optagent.evaluation import referee, referee_loops, verdict
 from optagent.evaluation.pool import LocalPool
 from optagent.protocols import PoolJob
 from optagent.schema import Device, EvalResult, Language
@@ -134,7 +137,7 @@ def between_lines() -> list[str]:
     lows: dict[str, dict[bool, list[float]]] = {}
     for process in WINDOWS:
         for label, baseline, _, between in process:
-            low = referee.quantile(between, 0.1)
+            low = referee_loops.quantile(between, 0.1)
             if low is not None:
                 lows.setdefault(label, {True: [], False: []})[baseline].append(low)
     out = []
@@ -226,17 +229,21 @@ class Bench:
         t1 = time.monotonic()
         return results, t1 - t0, self.gpu.busy(t0, t1)
 
-    def language(self, package: str, lang: Language, evals: int = 2, retime: bool = True) -> None:
+    def language(self, package: str, lang: Language, evals: int = 2, retime: bool = True,
+                 kernel: Optional[Path] = None) -> None:
+        """A row: the package's starter in `lang`, or the kernel in the file `kernel` (a faster one, as a run
+        re-times after its first gains)."""
         task = load_task(PACKAGES[package])
-        starter = task.starter(lang)
+        source = kernel.read_text(encoding="utf-8") if kernel is not None else task.starter(lang).source
         # each evaluation a source of its own, as a run's candidates are: a source that passed before starts with
         # its own compiled kernels (evaluation/builds.py), which a new candidate never has; the re-time below is of
         # two evaluated ones, as a run's is
-        sources = [distinct(starter.source, lang, k) for k in range(evals)]
+        sources = [distinct(source, lang, k) for k in range(evals)]
         # the run's default pool size: evaluations below go one at a time (width 1), and the re-time's two
         # kernels compile and check at once and are timed back to back, as in a run
         pool = self.pool(package, None)
-        row: dict = {"package": package, "lang": lang.value, "evals": []}
+        row: dict = {"package": package if kernel is None else f"{package}@{kernel.stem}", "lang": lang.value,
+                     "evals": []}
         try:
             # the lane's baselines first, as a run has them by its first candidate: not a candidate's cost
             pool._baseline(pool.lane_list[0]).result()
@@ -347,7 +354,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--packages", default=",".join(PACKAGES))
     p.add_argument("--langs", default="triton,cuda")
-    p.add_argument("--combos", default="", help="PACKAGE:LANG[:WIDTH],... in this order instead of packages x langs")
+    p.add_argument("--combos", default="", help="PACKAGE:LANG[:WIDTH][@KERNEL_FILE],... in this order instead of "
+                   "packages x langs (@: that kernel's row instead of the starter's)")
     p.add_argument("--evals", type=int, default=2, help="evaluations per package and language (default 2)")
     p.add_argument("--no-retime", action="store_true")
     p.add_argument("--budget", type=float, default=540.0, help="seconds; no new work starts after (default 540)")
@@ -365,13 +373,15 @@ def main() -> None:
           "evaluation; cand/h: 3600 / wall; retime2: two kernels re-timed back to back, s; rep%: max per-case "
           "median difference of the last two)", flush=True)
     try:
-        combos = [tuple(c.split(":")) for c in a.combos.split(",") if c] or \
-            [(pk, lang.value) for pk in a.packages.split(",") if pk for lang in langs]
+        combos = [c for c in a.combos.split(",") if c] or \
+            [f"{pk}:{lang.value}" for pk in a.packages.split(",") if pk for lang in langs]
         for combo in combos:  # PACKAGE:LANG, or PACKAGE:LANG:WIDTH for candidates/hour at that width here
-            if bench.left() > 0 and len(combo) == 3:
-                bench.widths(combo[0], Language(combo[1]), [int(combo[2])], a.width_candidates)
+            head, _, kernel = combo.partition("@")
+            part = head.split(":")
+            if bench.left() > 0 and len(part) == 3:
+                bench.widths(part[0], Language(part[1]), [int(part[2])], a.width_candidates)
             elif bench.left() > 0:
-                bench.language(combo[0], Language(combo[1]), a.evals, not a.no_retime)
+                bench.language(part[0], Language(part[1]), a.evals, not a.no_retime, Path(kernel) if kernel else None)
         widths = [int(w) for w in a.widths.split(",") if w]
         for package in (x for x in a.width_packages.split(",") if x and widths):
             bench.widths(package, langs[0], widths, a.width_candidates)

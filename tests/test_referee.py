@@ -82,6 +82,56 @@ def test_the_referee_draws_the_seeds_keeps_calls_after_their_digests_and_times_e
     assert min(lp.calls_us) > 9_000 and len(lp.between_us) == 7 and 29_000 < lp.between_low_us < 60_000, lp.between_us
 
 
+native_clock = pytest.mark.skipif(native_build.referee_clock() is None, reason="no C compiler: no native clock")
+
+
+def told_rs(monkeypatch) -> list:
+    """The R questions the referee's thread was handed, each with the clock's own answer (None: the thread's)."""
+    seen, answer = [], ref.Referee._answer
+
+    def spy(self, raw, window_us, told=None):
+        if raw.startswith(b"R"):
+            seen.append(told)
+        return answer(self, raw, window_us, told)
+    monkeypatch.setattr(ref.Referee, "_answer", spy)
+    return seen
+
+
+@native_clock
+@pytest.mark.parametrize("n_keep,kept_n", [(3, 3), (1, ref.MIN_KEEP), (99, ref.MAX_KEEP)])
+def test_the_clock_answers_the_harness_r_itself_and_the_thread_files_the_same_kept_calls(monkeypatch, n_keep, kept_n):
+    told = told_rs(monkeypatch)
+    h = Harness()
+    assert h.ask(f"B smoke-1 eager 1 {n_keep}") == ["G"]
+    kept, seeds = set(), set()
+    for call in range(60):
+        s, seed, keep, drop = h.call(call)
+        assert s == "S" and 0 <= int(seed) < 1 << ref.SEED_BITS
+        seeds.add(int(seed))
+        if keep == "1":
+            kept.add(call)
+        kept.discard(int(drop))
+    assert h.ask("E") == ["G"] and h.ask("B smoke-1 baseline 1 3") == ["G"]
+    base = [h.call(call) for call in range(5)]
+    assert h.ask("E") == ["G"]
+    r = h.close()
+    assert r.violation is None and len(told) == 65 and all(t is not None for t in told)  # none waited for Python
+    assert set(r.loop("smoke-1", False).kept) == kept and len(kept) == kept_n and len(seeds) == 60
+    assert all(a[2:] == ["0", "-1"] for a in base) and not r.loop("smoke-1", True).kept  # a baseline keeps none
+
+
+@native_clock
+def test_once_the_thread_refused_a_question_the_clock_answers_no_r_itself(monkeypatch):
+    told = told_rs(monkeypatch)
+    h = Harness()
+    assert h.ask("B smoke-1 eager 1 3") == ["G"] and h.call(0)[0] == "S"
+    assert h.ask("D") == ["G"]  # out of turn: the clock answers its marks at once; the thread refuses it
+    h.referee._thread.join(5)
+    assert h.ask("R 1 0 " + "ab" * 32) == []  # in the clock's own turn, yet not answered: the thread has refused
+    r = h.close()
+    assert "D where the harness says T" in (r.violation or "") and len(told) == 1
+
+
 @pytest.mark.parametrize("questions,why", [
     (["R 0 0 " + "ab" * 32], "outside any timed loop"),
     (["B smoke-1 eager 1 3", "T", "D", "R 1 0 " + "ab" * 32], "out of order"),

@@ -68,9 +68,9 @@ def test_a_retime_runs_no_judge_and_no_checked_run(pool_and_modes, monkeypatch):
     heard: list[str] = []  # the kinds of question the referees heard (the native clock answers T and D itself)
     answer = referee_module.Referee._answer
 
-    def listen(self, raw, window_us):
+    def listen(self, raw, window_us, told=None):  # told: the clock's own answer to an R (it is filed all the same)
         heard.append(raw[:1].decode())
-        return answer(self, raw, window_us)
+        return answer(self, raw, window_us, told)
     monkeypatch.setattr(referee_module.Referee, "_answer", listen)
     [(_, first)] = list(pool.evaluate([PoolJob(0, source, Language.TRITON)]))
     evaluation_asked = heard.count("R")

@@ -7,7 +7,8 @@ timed calls the harness asks it (worker/referee_client.py), on a pipe pair whose
 * after a timed call, ``R <call> <set> <digest>``: the digest of its outputs as the call left them
   (worker/digests.py); answered ``S <seed> <keep> <drop>``: the seed the set's inputs are redrawn with
   (drawn here: no inputs exist before the referee reveals them), whether the judge checks this call
-  (decided after its digest is committed) and which earlier kept call is let go;
+  (decided after its digest is committed) and which earlier kept call is let go: by the native clock, where
+  there is one, which tells the thread what it answered (a busy parent's Python lock stays out of the loop);
 * just before a timed call ``T`` and just after its sync ``D`` (the native timer's marks, worker/native/timer.c),
   each answered ``G`` at once;
 * a warm-up call says ``W <set>`` (``S <seed> 0 -1``); ``B <label> <kind> <n_sets> <n_keep>`` opens a
@@ -35,17 +36,15 @@ import random
 import re
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Optional
 
 from optagent.evaluation.native_build import referee_clock
+from optagent.evaluation.referee_loops import MAX_KEEP, MIN_KEEP, Answer, KeptCall, RefereeLoop, clock_stamp
 from optagent.schema import Device
 from optagent.settings import REFEREE_FD_ENV
 
 SEED_BITS = 40
 MAX_LINE = 256  # no question is longer; a longer one is not the harness's
-MAX_KEEP = 32  # calls kept for the judge per loop, at most (worker/candidate.py's SAMPLED_CALLS)
-MIN_KEEP = 2  # and at least (a kernel that says its outputs are too large to keep many is still checked)
 ONE_SET = 1  # input sets of a refereed loop (above): the CPU's TimingSpec (evaluation/evaluator.py)
 QUESTION = {
     "B": re.compile(r"B (\S{1,64}) (baseline|eager) (\d{1,2}) (\d{1,3})"),
@@ -59,50 +58,6 @@ MARKS = ("T", "D")  # a timed call's brackets: the native clock answers them its
 # How long the clock spins for a call's "D" before it blocks (its wake-up would be in the window): on a GPU, where
 # calls of microseconds are timed; a CPU's interpreted calls take hundreds of ms, and its cores are few.
 SPIN_S = {Device.CUDA: 0.01, Device.CPU: 0.0}
-
-
-@dataclass
-class KeptCall:
-    """A timed call the judge checks: its set, its inputs' seed (None: the base inputs), its outputs' digest."""
-
-    call: int
-    set: int
-    seed: Optional[int]
-    digest: str
-
-
-@dataclass
-class RefereeLoop:
-    label: str
-    baseline: bool
-    n_sets: int
-    calls_us: list[float] = field(default_factory=list)  # one per timed call: T's answer to D
-    between_us: list[float] = field(default_factory=list)  # D's answer to the next call's T
-    kept: dict[int, KeptCall] = field(default_factory=dict)
-    closed: bool = False
-    keep_target: int = MIN_KEEP  # its reservoir (_reservoir): how many calls it keeps, and how many it has seen
-    seen: int = 0
-    expect: str = "T"  # the next mark or question of a timed call: T, D, R
-    digest_us: Optional[float] = None  # the last call's window from D's answer to its R (its time between begins)
-
-    @property
-    def call_us(self) -> Optional[float]:
-        """The low quartile of its call windows: what three calls in four took at least. On the H200 a call's window
-        now and then holds another process's time slice on the GPU (a judge's), or a slow host's spell, which the
-        timer's claim leaves out (its calls at the host's usual speed); the kernel's own time is in every call."""
-        return quantile(self.calls_us, 0.25)
-
-    @property
-    def between_low_us(self) -> Optional[float]:
-        """The low decile of the time between calls: work moved there is in every gap, a busy host's spells are not."""
-        return quantile(self.between_us, 0.1)
-
-
-def quantile(values: list[float], q: float) -> Optional[float]:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[int(len(ordered) * q)]
 
 
 class Referee:
@@ -173,14 +128,14 @@ class Referee:
                 while b"\n" in pending:
                     line, pending = pending.split(b"\n", 1)
                     heard = time.perf_counter()
-                    window_us = (heard - answered) * 1e6
-                    if self._relay is not None:  # "<window us> <question>": the native clock's, not this thread's
+                    window_us, told = (heard - answered) * 1e6, None
+                    if self._relay is not None:  # "<window us>[:<seed>:<keep>:<drop>] <question>": the clock's stamp
                         stamp, _, line = line.partition(b" ")
-                        window_us = float(stamp)
-                    answer = self._answer(line, window_us)
+                        window_us, told = clock_stamp(stamp)
+                    answer = self._answer(line, window_us, told)
                     if answer is None:
                         return  # a violation: no more answers; the worker's next question finds the pipe closed
-                    if self._relay is None or line not in (b"T", b"D"):  # the native clock answered its marks
+                    if self._relay is None or (line not in (b"T", b"D") and told is None):  # the clock answered those
                         answered = time.perf_counter()  # before the answer: the worker it wakes may take our core
                         os.write(self._a_w, answer.encode() + b"\n")
                 if len(pending) > MAX_LINE + 32:  # (32: the clock's stamp)
@@ -197,11 +152,12 @@ class Referee:
         if self.violation is None:
             self.violation = why
 
-    def _answer(self, raw: bytes, window_us: float) -> Optional[str]:
+    def _answer(self, raw: bytes, window_us: float, told: Optional[Answer] = None) -> Optional[str]:
+        """The answer to one question, or None on a violation; `told`: the clock's own answer to an R (filed)."""
         text = raw.decode("ascii", errors="replace")
         kind = text[:1]
         m = QUESTION[kind].fullmatch(text) if kind in QUESTION else None
-        if m is None:
+        if m is None or (told is not None and kind != "R"):
             self._violate(f"the referee was asked something the harness never asks ({text[:40]!r})")
             return None
         open_loop = self.loops[-1] if self.loops and not self.loops[-1].closed else None
@@ -246,8 +202,16 @@ class Referee:
             if call != len(open_loop.calls_us) - 1:
                 self._violate(f"timed call {call} reported out of order")
                 return None
+            entry = KeptCall(call, k, seeds[k], m.group(3))
+            if told is not None:
+                why = self._file(open_loop, entry, told)
+                if why:
+                    self._violate(why)
+                    return None
+                seeds[k] = told.seed
+                return f"S {told.seed} {int(told.keep)} {told.drop}"
             if not open_loop.baseline:
-                keep, drop = self._reservoir(open_loop, KeptCall(call, k, seeds[k], m.group(3)))
+                keep, drop = self._reservoir(open_loop, entry)
         seed = self._rng.getrandbits(SEED_BITS)
         seeds[k] = seed
         return f"S {seed} {int(keep)} {drop}"
@@ -264,6 +228,23 @@ class Referee:
         elif kind == "R":
             lp.digest_us = window_us
         lp.expect = {"T": "D", "D": "R", "R": "T"}[kind]
+        return None
+
+    @staticmethod
+    def _file(lp: RefereeLoop, entry: KeptCall, told: Answer) -> Optional[str]:
+        """The clock's answer to an R filed as _reservoir would have filed it; why it could not be, or None."""
+        if lp.baseline and (told.keep or told.drop >= 0):
+            return "the referee's clock kept a call of a baseline loop"
+        if not lp.baseline:
+            lp.seen += 1
+        if told.drop >= 0:
+            if told.drop not in lp.kept:
+                return f"the referee's clock let go of call {told.drop}, which it never kept"
+            del lp.kept[told.drop]
+        if told.keep:
+            lp.kept[entry.call] = entry
+        if len(lp.kept) > lp.keep_target or told.seed >> SEED_BITS:
+            return "the referee's clock kept more calls than its loop keeps, or drew a seed out of range"
         return None
 
     def _reservoir(self, lp: RefereeLoop, entry: KeptCall) -> tuple[bool, int]:

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Optional
 
-from optagent.evaluation.referee import Referee, RefereeLoop
+from optagent.evaluation.referee import Referee
+from optagent.evaluation.referee_loops import RefereeLoop
 from optagent.evaluation.timer_check import MOVED
 from optagent.messages import Baseline, ExpectedSample, Job
 from optagent.schema import Device

@@ -841,7 +841,82 @@ static PyMethodDef timer_methods[] = {
  * Python; after a "T" it waits for the "D" spinning for up to spin_s (then blocking): its own wake-up from a
  * blocking read would land in the window. An answer is stamped before it is written: the worker it wakes may take
  * this thread's core at once, and a stamp taken after would lose what the worker did meanwhile (a 5 ms call read
- * 0.5 us on one core: tests/test_referee.py), where a late stamp only lengthens a window. */
+ * 0.5 us on one core: tests/test_referee.py), where a late stamp only lengthens a window.
+ *
+ * A timed call's "R" it answers too, where the question is the harness's own in its turn (after that call's "D",
+ * its number the next, set 0, a digest of 64 hex digits; anything else goes to the thread, which refuses it):
+ * the seed drawn here and the reservoir's keep and drop by referee.py's rule (_reservoir, the same bounds). The
+ * thread is told "<window>:<seed>:<keep>:<drop> R ..." (its stamp is this clock's alone: no worker's line can
+ * put a colon there), checks the turn as for any question and files the kept call, and answers nothing. Why
+ * here: the thread answers under the parent's Python lock, and a busy parent (another lane, a planner) held
+ * each answer by up to its switch interval, 0.4-0.6 s a decode call against 0.8-1.4 ms with a spinning Python
+ * thread beside it (docs/gpu.md, 2026-12-07); and its round trip cost ~80 us a call. The thread, having refused
+ * an earlier line, closes its answers: the next "R" here finds them closed and the relay ends. */
+#define REF_MIN_KEEP 2 /* referee.py MIN_KEEP; MAX_KEEP above is its MAX_KEEP */
+typedef struct {
+    int open, pending_open;    /* a loop opened (its "B" answered "G"), or asked for */
+    int baseline, target;      /* a baseline loop keeps no call; others up to target */
+    int pending_baseline, pending_target;
+    long calls, seen, kept[MAX_KEEP];
+    int n_kept, after_d;       /* after_d: the last question was a "D" (an "R" is in turn) */
+} ClockLoop;
+
+/* "B <label> <kind> <n_sets> <n_keep>": what the loop it opens keeps, if the thread accepts it */
+static void clock_heard_b(ClockLoop *L, const char *q, size_t len) {
+    char line[300], label[80], kind[16];
+    int n_sets = 0, n_keep = 0;
+    if (len >= sizeof line)
+        return;
+    memcpy(line, q, len);
+    line[len] = 0;
+    L->pending_open = sscanf(line, "B %79s %15s %d %d", label, kind, &n_sets, &n_keep) == 4;
+    L->pending_baseline = strcmp(kind, "baseline") == 0;
+    L->pending_target = n_keep < REF_MIN_KEEP ? REF_MIN_KEEP : n_keep > MAX_KEEP ? MAX_KEEP : n_keep;
+}
+
+/* the call number of a well-formed "R <call> 0 <digest>\n", or -1 */
+static long clock_r_call(const char *q, size_t len) {
+    size_t i = 2;
+    long call = 0;
+    if (len < 2 + 1 + 3 + 64 + 1 || q[0] != 'R' || q[1] != ' ')
+        return -1;
+    for (; i < len && q[i] >= '0' && q[i] <= '9' && i < 9; i++)
+        call = call * 10 + (q[i] - '0');
+    if (i == 2 || len != i + 3 + 64 + 1 || memcmp(q + i, " 0 ", 3) != 0)
+        return -1;
+    for (size_t j = i + 3; j < len - 1; j++)
+        if (!((q[j] >= '0' && q[j] <= '9') || (q[j] >= 'a' && q[j] <= 'f')))
+            return -1;
+    return call;
+}
+
+/* the reservoir's step for a kept call (referee.py _reservoir): 1 if kept, *drop the call let go (or -1) */
+static int clock_reservoir(ClockLoop *L, long call, long *drop) {
+    uint64_t r = 0;
+    *drop = -1;
+    if (L->baseline)
+        return 0;
+    L->seen++;
+    if (L->n_kept < L->target) {
+        L->kept[L->n_kept++] = call;
+        return 1;
+    }
+    if (random_u64(&r) < 0 || (double)(r >> 11) / 9007199254740992.0 >= (double)L->target / (double)L->seen)
+        return 0;
+    if (random_u64(&r) < 0)
+        return 0;
+    int at = (int)(r % (uint64_t)L->n_kept);
+    *drop = L->kept[at];
+    L->kept[at] = call;
+    return 1;
+}
+
+/* the thread has closed its answers (it refused a question): nothing more is answered here */
+static int thread_gone(int from_referee) {
+    struct pollfd p = {from_referee, POLLIN, 0};
+    return poll(&p, 1, 0) != 0;
+}
+
 static int relay_write(int fd, const char *buf, size_t n) {
     while (n > 0) {
         ssize_t w = write(fd, buf, n);
@@ -856,12 +931,13 @@ static int relay_write(int fd, const char *buf, size_t n) {
 }
 
 int optagent_referee_clock(int from_worker, int to_worker, int to_referee, int from_referee, double spin_s) {
-    char q[512], a[256], head[48];
+    char q[512], a[256], head[96];
     size_t qn = 0;
     double answered = now_s();
-    int in_call = 0; /* a "T" answered, its "D" not yet heard */
+    int spin = 0; /* a "T" or a "D" answered: the next question comes within microseconds to a call's length */
+    ClockLoop L = {0};
     for (;;) {
-        if (in_call && spin_s > 0) {
+        if (spin && spin_s > 0) {
             struct pollfd p = {from_worker, POLLIN, 0};
             while (now_s() - answered < spin_s && poll(&p, 1, 0) == 0)
                 ;
@@ -877,10 +953,36 @@ int optagent_referee_clock(int from_worker, int to_worker, int to_referee, int f
         while ((nl = memchr(q, '\n', qn)) != NULL) {
             size_t len = (size_t)(nl - q) + 1, an = 0;
             int mark = len == 2 && (q[0] == 'T' || q[0] == 'D');
-            in_call = mark && q[0] == 'T';
-            int hn = snprintf(head, sizeof head, "%.3f ", (heard - answered) * 1e6);
+            long call = L.open && L.after_d ? clock_r_call(q, len) : -1;
+            double window = (heard - answered) * 1e6;
+            int hn;
+            spin = mark;
+            L.after_d = mark && q[0] == 'D';
+            if (call >= 0 && call == L.calls) { /* the harness's R in its turn: answered here, then the thread told */
+                uint64_t seed = 0;
+                long drop = -1;
+                if (thread_gone(from_referee) || random_u64(&seed) < 0)
+                    goto done;
+                seed &= (1ULL << 40) - 1; /* referee.py SEED_BITS */
+                int keep = clock_reservoir(&L, call, &drop);
+                L.calls++;
+                int n = snprintf(a, sizeof a, "S %llu %d %ld\n", (unsigned long long)seed, keep, drop);
+                answered = now_s();
+                if (relay_write(to_worker, a, (size_t)n) < 0)
+                    goto done;
+                hn = snprintf(head, sizeof head, "%.3f:%llu:%d:%ld ", window, (unsigned long long)seed, keep, drop);
+                if (relay_write(to_referee, head, (size_t)hn) < 0 || relay_write(to_referee, q, len) < 0)
+                    goto done;
+                memmove(q, q + len, qn - len);
+                qn -= len;
+                continue;
+            }
+            if (q[0] == 'B')
+                clock_heard_b(&L, q, len);
+            hn = snprintf(head, sizeof head, "%.3f ", window);
             if (relay_write(to_referee, head, (size_t)hn) < 0 || relay_write(to_referee, q, len) < 0)
                 goto done;
+            int opening = q[0] == 'B', closing = len == 2 && q[0] == 'E';
             memmove(q, q + len, qn - len);
             qn -= len;
             if (mark) { /* answered here, the referee told (it keeps the order of the marks and the questions) */
@@ -896,6 +998,15 @@ int optagent_referee_clock(int from_worker, int to_worker, int to_referee, int f
                 if (k <= 0)
                     goto done;
                 an += (size_t)k;
+            }
+            if (an == 2 && a[0] == 'G' && opening && L.pending_open) { /* the thread opened the loop */
+                ClockLoop opened = {0};
+                opened.open = 1;
+                opened.baseline = L.pending_baseline;
+                opened.target = L.pending_target;
+                L = opened;
+            } else if (an == 2 && a[0] == 'G' && closing) {
+                L.open = 0;
             }
             answered = now_s();
             if (relay_write(to_worker, a, an) < 0)
