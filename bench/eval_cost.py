@@ -32,6 +32,7 @@ are measured; --budget (seconds) stops starting new work once spent (whatever ru
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import statistics
@@ -43,7 +44,12 @@ from typing import Optional
 
 from optagent.app.build import build_evaluator
 from optagent.costs import Costs
-from optagent.evaluation import referee, referee_loops, verdict
+from optagent.evaluation import referee, verdict
+
+try:  # a before/after call runs this bench on an older tree too (gpu_check.sh eval_cost_before)
+    from optagent.evaluation.referee_loops import quantile
+except ImportError:
+    from optagent.evaluation.referee import quantile  # type: ignore[attr-defined, no-redef]
 from optagent.evaluation.pool import LocalPool
 from optagent.protocols import PoolJob
 from optagent.schema import Device, EvalResult, Language
@@ -137,7 +143,7 @@ def between_lines() -> list[str]:
     lows: dict[str, dict[bool, list[float]]] = {}
     for process in WINDOWS:
         for label, baseline, _, between in process:
-            low = referee_loops.quantile(between, 0.1)
+            low = quantile(between, 0.1)
             if low is not None:
                 lows.setdefault(label, {True: [], False: []})[baseline].append(low)
     out = []
@@ -200,6 +206,14 @@ def worst_case(a: EvalResult, b: EvalResult) -> Optional[tuple[float, str, float
     return max((abs(ma[k] - mb[k]) / min(ma[k], mb[k]) * 100, k, ma[k], mb[k]) for k in common)
 
 
+def stored(pool: LocalPool, source: str) -> dict:
+    """The files and bytes the pool keeps of a passed source's own compiled kernels, per build folder."""
+    entry = pool.evaluator.builds.root / hashlib.sha256(source.encode()).hexdigest()
+    files = [f for f in entry.rglob("*") if f.is_file()] if entry.is_dir() else []
+    return {d.name: [sum(1 for f in files if d in f.parents), sum(f.stat().st_size for f in files if d in f.parents)]
+            for d in (entry.iterdir() if entry.is_dir() else [])}
+
+
 def _f(x: Optional[float], spec: str = ".1f") -> str:
     return "-" if x is None else f"{x:{spec}}"
 
@@ -258,6 +272,7 @@ class Bench:
                                      "referee": refereed(r), "cases": case_detail(r),
                                      "reason": r.reason})
                 row.setdefault("results", []).append(r)
+            row["stored"] = [stored(pool, src) for src in sources]  # what a re-time of them is lent (builds.py)
             if retime and row.get("results") and row["results"][0].status.ok and self.left() > 0:
                 t0, mark, settled = time.monotonic(), TAP.mark(), pool.lane_list[0].settled_s
                 again = pool.retime([PoolJob(k, src, lang) for k, src in enumerate(sources[:2] * 2)][:2])
@@ -342,6 +357,9 @@ def print_row(row: dict) -> None:
         if again.get("geomean_us"):
             print("    re-time geomean us " + ", ".join(_f(g, '.1f') for g in again["geomean_us"]) + " against the "
                   "evaluations' " + ", ".join(_f(g, '.1f') for g in again["judged_us"]), flush=True)
+    if row.get("stored"):
+        print("    kept builds (files, bytes) per evaluated source: " + "; ".join(str(x) for x in row["stored"]),
+              flush=True)
     if row.get("repeat_worst"):
         pct, case, a, b = row["repeat_worst"]
         print(f"    repeat: case {case} read {a:.1f} and {b:.1f} us ({pct:.1f}%)", flush=True)

@@ -90,7 +90,7 @@ def told_rs(monkeypatch) -> list:
     seen, answer = [], ref.Referee._answer
 
     def spy(self, raw, window_us, told=None):
-        if raw.startswith(b"R"):
+        if raw[:1] in (b"R", b"W"):
             seen.append(told)
         return answer(self, raw, window_us, told)
     monkeypatch.setattr(ref.Referee, "_answer", spy)
@@ -103,7 +103,9 @@ def test_the_clock_answers_the_harness_r_itself_and_the_thread_files_the_same_ke
     told = told_rs(monkeypatch)
     h = Harness()
     assert h.ask(f"B smoke-1 eager 1 {n_keep}") == ["G"]
-    kept, seeds = set(), set()
+    warm = [h.ask("W 0") for _ in range(3)]
+    assert all(a[0] == "S" and a[2:] == ["0", "-1"] for a in warm)
+    kept, seeds = set(), {int(a[1]) for a in warm}
     for call in range(60):
         s, seed, keep, drop = h.call(call)
         assert s == "S" and 0 <= int(seed) < 1 << ref.SEED_BITS
@@ -115,8 +117,10 @@ def test_the_clock_answers_the_harness_r_itself_and_the_thread_files_the_same_ke
     base = [h.call(call) for call in range(5)]
     assert h.ask("E") == ["G"]
     r = h.close()
-    assert r.violation is None and len(told) == 65 and all(t is not None for t in told)  # none waited for Python
-    assert set(r.loop("smoke-1", False).kept) == kept and len(kept) == kept_n and len(seeds) == 60
+    assert r.violation is None and len(told) == 68 and all(t is not None for t in told)  # none waited for Python
+    assert set(r.loop("smoke-1", False).kept) == kept and len(kept) == kept_n and len(seeds) == 63
+    # each kept call's inputs: the seed its set was redrawn with just before it (the warm-up's, for the first)
+    assert all(c.seed in seeds for c in r.loop("smoke-1", False).kept.values())
     assert all(a[2:] == ["0", "-1"] for a in base) and not r.loop("smoke-1", True).kept  # a baseline keeps none
 
 

@@ -153,11 +153,11 @@ class Referee:
             self.violation = why
 
     def _answer(self, raw: bytes, window_us: float, told: Optional[Answer] = None) -> Optional[str]:
-        """The answer to one question, or None on a violation; `told`: the clock's own answer to an R (filed)."""
+        """The answer to one question, or None on a violation; `told`: the clock's own answer to an R or a W."""
         text = raw.decode("ascii", errors="replace")
         kind = text[:1]
         m = QUESTION[kind].fullmatch(text) if kind in QUESTION else None
-        if m is None or (told is not None and kind != "R"):
+        if m is None or (told is not None and kind not in "RW"):
             self._violate(f"the referee was asked something the harness never asks ({text[:40]!r})")
             return None
         open_loop = self.loops[-1] if self.loops and not self.loops[-1].closed else None
@@ -197,6 +197,12 @@ class Referee:
             self._violate(f"a timed call on input set {k}, which the harness does not have")
             return None
         keep, drop = False, -1
+        if kind == "W" and told is not None:  # the clock's warm-up seed
+            if told.keep or told.drop >= 0 or told.seed >> SEED_BITS:
+                self._violate("the referee's clock kept a warm-up call, or drew a seed out of range")
+                return None
+            seeds[k] = told.seed
+            return f"S {told.seed} 0 -1"
         if kind == "R":
             call = int(m.group(1))
             if call != len(open_loop.calls_us) - 1:

@@ -845,7 +845,8 @@ static PyMethodDef timer_methods[] = {
  *
  * A timed call's "R" it answers too, where the question is the harness's own in its turn (after that call's "D",
  * its number the next, set 0, a digest of 64 hex digits; anything else goes to the thread, which refuses it):
- * the seed drawn here and the reservoir's keep and drop by referee.py's rule (_reservoir, the same bounds). The
+ * the seed drawn here and the reservoir's keep and drop by referee.py's rule (_reservoir, the same bounds); and a
+ * warm-up call's "W 0" between timed calls ("S <seed> 0 -1"). The
  * thread is told "<window>:<seed>:<keep>:<drop> R ..." (its stamp is this clock's alone: no worker's line can
  * put a colon there), checks the turn as for any question and files the kept call, and answers nothing. Why
  * here: the thread answers under the parent's Python lock, and a busy parent (another lane, a planner) held
@@ -858,7 +859,7 @@ typedef struct {
     int baseline, target;      /* a baseline loop keeps no call; others up to target */
     int pending_baseline, pending_target;
     long calls, seen, kept[MAX_KEEP];
-    int n_kept, after_d;       /* after_d: the last question was a "D" (an "R" is in turn) */
+    int n_kept, after_d, mid;  /* after_d: the last question was a "D" (an "R" is in turn); mid: a "T" or a "D" */
 } ClockLoop;
 
 /* "B <label> <kind> <n_sets> <n_keep>": what the loop it opens keeps, if the thread accepts it */
@@ -954,18 +955,20 @@ int optagent_referee_clock(int from_worker, int to_worker, int to_referee, int f
             size_t len = (size_t)(nl - q) + 1, an = 0;
             int mark = len == 2 && (q[0] == 'T' || q[0] == 'D');
             long call = L.open && L.after_d ? clock_r_call(q, len) : -1;
+            int warm = L.open && !L.mid && len == 4 && memcmp(q, "W 0\n", 4) == 0; /* a warm-up call's, in turn */
             double window = (heard - answered) * 1e6;
             int hn;
             spin = mark;
             L.after_d = mark && q[0] == 'D';
-            if (call >= 0 && call == L.calls) { /* the harness's R in its turn: answered here, then the thread told */
+            L.mid = mark || (L.mid && q[0] != 'R');
+            if ((call >= 0 && call == L.calls) || warm) { /* the harness's R or W in turn: answered here, the thread told */
                 uint64_t seed = 0;
                 long drop = -1;
                 if (thread_gone(from_referee) || random_u64(&seed) < 0)
                     goto done;
                 seed &= (1ULL << 40) - 1; /* referee.py SEED_BITS */
-                int keep = clock_reservoir(&L, call, &drop);
-                L.calls++;
+                int keep = warm ? 0 : clock_reservoir(&L, call, &drop);
+                L.calls += !warm;
                 int n = snprintf(a, sizeof a, "S %llu %d %ld\n", (unsigned long long)seed, keep, drop);
                 answered = now_s();
                 if (relay_write(to_worker, a, (size_t)n) < 0)
