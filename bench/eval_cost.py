@@ -206,6 +206,11 @@ def worst_case(a: EvalResult, b: EvalResult) -> Optional[tuple[float, str, float
     return max((abs(ma[k] - mb[k]) / min(ma[k], mb[k]) * 100, k, ma[k], mb[k]) for k in common)
 
 
+def spin() -> None:
+    while True:  # pure Python: holds the interpreter's lock but for its switch interval
+        sum(range(1000))
+
+
 def stored(pool: LocalPool, source: str) -> dict:
     """The files and bytes the pool keeps of a passed source's own compiled kernels, per build folder."""
     entry = pool.evaluator.builds.root / hashlib.sha256(source.encode()).hexdigest()
@@ -384,7 +389,11 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--json-out", type=Path)
     p.add_argument("--windows", action="store_true", help="with --json-out: every referee window too (FILE.windows.json)")
+    p.add_argument("--busy-parent", action="store_true", help="a Python thread spinning in this process (the pool's "
+                   "parent, where the referees' threads run) throughout, as a planner's or another lane's work would")
     a = p.parse_args()
+    if a.busy_parent:
+        threading.Thread(target=spin, daemon=True, name="busy-parent").start()
     bench = Bench(a.budget, Device(a.device), a.timeout)
     langs = [Language(x) for x in a.langs.split(",") if x]
     print(HEADER + "\n(wall s, phases: medians of the evaluations at width 1; gpu%: nvidia-smi busy share of the "
