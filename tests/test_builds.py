@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,35 @@ def test_an_entry_over_the_limit_is_not_kept_and_the_store_keeps_the_newest(tmp_
     assert left == sorted([shas[2], SHA])  # the two newest
 
 
+def test_a_lent_triton_cache_is_found_by_tritons_own_cache_manager(tmp_path, monkeypatch):
+    """Triton's group file names each file of a compiled kernel by its absolute path: the first process's scratch,
+    gone by the time the kernel is evaluated again. Lent, the group names the copies, and Triton finds them."""
+    from triton.runtime.cache import FileCacheManager
+    first = tmp_path / "eval-1"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(first / ".triton"))
+    made = FileCacheManager("k1")
+    group = {name: made.put(b"compiled " + name.encode(), name) for name in ("kernel.json", "kernel.cubin")}
+    made.put_group("kernel.json", group)
+    bad = FileCacheManager("k2")  # a group not Triton's: it names a file elsewhere
+    bad.put(b"x", "kernel.json")
+    bad.put_group("kernel.json", {"kernel.json": str(tmp_path / "parent-only.txt")})
+    store = Builds(tmp_path / "store")
+    fd = os.open(first, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        store.keep(SHA, fd)
+    finally:
+        os.close(fd)
+    shutil.rmtree(first)  # the first evaluation's scratch directory, gone
+    new = tmp_path / "eval-2"
+    new.mkdir()
+    assert store.lend(SHA, new)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(new / ".triton"))
+    found = FileCacheManager("k1").get_group("kernel.json")
+    assert found == {name: str(new / ".triton" / "k1" / name) for name in group}
+    assert Path(found["kernel.cubin"]).read_bytes() == b"compiled kernel.cubin"
+    assert FileCacheManager("k2").get_group("kernel.json") is None  # dropped: that kernel compiles again
+
+
 @pytest.mark.gpu
 def test_a_kernel_evaluated_again_starts_with_its_own_compiled_code(task_dir, tmp_path):
     task = load_task(task_dir)
@@ -89,7 +119,10 @@ def test_a_kernel_evaluated_again_starts_with_its_own_compiled_code(task_dir, tm
     sha = hashlib.sha256(source.encode()).hexdigest()
     kept = {p.relative_to(tmp_path / "builds" / sha) for p in (tmp_path / "builds" / sha).rglob("*") if p.is_file()}
     assert any(p.suffix == ".cubin" for p in kept), kept
+    made = {p: (tmp_path / "builds" / sha / p).stat().st_mtime_ns for p in kept if p.suffix == ".cubin"}
     second = ev.evaluate(source, Language.TRITON)
     assert second.status is Status.PASSED, second.reason
     newest = max(tmp_path.glob("eval-*"), key=lambda p: p.stat().st_mtime)
     assert all((newest / p).is_file() for p in kept)
+    # found by Triton where they were lent (repoint_groups), not compiled again over them
+    assert all((newest / p).stat().st_mtime_ns == t for p, t in made.items()), made

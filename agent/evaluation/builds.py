@@ -11,11 +11,13 @@ holds was written by that candidate's own process, so it goes only to the same s
 nothing in it for another. A CUDA kernel's object is scanned again and linked by the process it is lent to
 (worker/backends/cuda.py): what its process may have rewritten meanwhile passes the same object scan.
 The parent copies regular files only (no link is followed, from a directory opened without following one),
-at most MAX_BYTES an entry; the store keeps the MOST newest entries.
+at most MAX_BYTES an entry; the store keeps the MOST newest entries. Triton's group files, which name a kernel's
+files by absolute path, are pointed at the lent copies (repoint_groups): without it no lent Triton kernel was found.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -28,6 +30,8 @@ from optagent.evaluation.safe_files import open_dir, open_regular
 
 MAX_BYTES = 256 << 20
 MOST = 32
+GROUP_PREFIX = "__grp__"  # Triton's group files: the files of one compiled kernel (repoint_groups)
+MAX_GROUP_BYTES = 1 << 16
 
 
 class Builds:
@@ -78,6 +82,7 @@ class Builds:
                         shutil.copytree(entry / name, scratch / name, symlinks=True, dirs_exist_ok=True,
                                         copy_function=_copy_new)
                 os.utime(entry)  # the newest: trimmed last
+            repoint_groups(scratch / TRITON_BUILDS)
             return True
         except OSError:
             return False
@@ -86,6 +91,30 @@ class Builds:
         entries = sorted((p for p in self.root.iterdir() if _is_sha(p.name)), key=lambda p: p.stat().st_mtime)
         for old in entries[:-MOST]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def repoint_groups(cache: Path) -> None:
+    """Triton finds a cached kernel through its group file (triton/runtime/cache.py put_group), which names each
+    file of the group by its absolute path where it was compiled: in the first process's scratch directory, gone (or
+    hidden by bubblewrap) when the copy is lent. So no lent Triton kernel was ever found, and each compiled again: a
+    re-time of two splitkv_gqa kernels took 9.6 s on an H100 against their evaluations' 2.6 s of timing (docs/gpu.md,
+    2026-12-07, fourth session). Each lent group now names the files beside it; one that names anything else (a
+    path, a file not in its folder: not Triton's) is dropped, and that kernel compiles as before."""
+    for group in cache.glob(f"*/{GROUP_PREFIX}*"):
+        try:
+            if group.is_symlink() or group.stat().st_size > MAX_GROUP_BYTES:
+                raise ValueError(group.name)
+            children = json.loads(group.read_text(encoding="utf-8"))["child_paths"]
+            here = {name: group.parent / name for name in children}
+            if not all(isinstance(old, str) and Path(old).name == name and name not in ("", ".", "..")
+                       and path.is_file() and not path.is_symlink() for (name, old), path in
+                       zip(children.items(), here.values())):
+                raise ValueError(group.name)
+            if any(old != str(here[name]) for name, old in children.items()):  # a spare's own group stays as it is
+                group.write_text(json.dumps({"child_paths": {name: str(path) for name, path in here.items()}}),
+                                 encoding="utf-8")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            group.unlink(missing_ok=True)
 
 
 def _copy_new(src: str, dst: str) -> None:
