@@ -126,3 +126,21 @@ def test_a_kernel_evaluated_again_starts_with_its_own_compiled_code(task_dir, tm
     assert all((newest / p).is_file() for p in kept)
     # found by Triton where they were lent (repoint_groups), not compiled again over them
     assert all((newest / p).stat().st_mtime_ns == t for p, t in made.items()), made
+
+
+def test_on_a_cpu_a_kernel_evaluated_again_finds_its_target_compiles_where_they_were_lent(task_dir, tmp_path):
+    """CPU mode compiles a Triton candidate's launches for the target GPU (worker/target_compile.py) through Triton's
+    own cache: the second evaluation of the same source finds them lent, and compiles none of them again."""
+    task = load_task(task_dir)
+    ev = SandboxEvaluator(task, "cpu", select_cases(task, "cpu", 0, None, hidden=False)[:1], scratch_root=tmp_path,
+                          keep_scratch=True, target_facts=True)
+    source = task.starter(Language.TRITON).source
+    first = ev.evaluate(source, Language.TRITON)
+    assert first.status is Status.PASSED, first.reason
+    entry = tmp_path / "builds" / hashlib.sha256(source.encode()).hexdigest()
+    made = {p.relative_to(entry): p.stat().st_mtime_ns for p in entry.rglob("*.cubin")}
+    assert made, "no target compile was kept"
+    second = ev.evaluate(source, Language.TRITON)
+    assert second.status is Status.PASSED, second.reason
+    newest = max(tmp_path.glob("eval-*"), key=lambda p: p.stat().st_mtime)
+    assert all((newest / p).stat().st_mtime_ns == t for p, t in made.items()), "compiled again over the lent ones"
