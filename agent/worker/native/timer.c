@@ -850,8 +850,9 @@ static PyMethodDef timer_methods[] = {
  * thread is told "<window>:<seed>:<keep>:<drop> R ..." (its stamp is this clock's alone: no worker's line can
  * put a colon there), checks the turn as for any question and files the kept call, and answers nothing. Why
  * here: the thread answers under the parent's Python lock, and a busy parent (another lane, a planner) held
- * each answer by up to its switch interval, 0.4-0.6 s a decode call against 0.8-1.4 ms with a spinning Python
- * thread beside it (docs/gpu.md, 2026-12-07); and its round trip cost ~80 us a call. The thread, having refused
+ * each answer by up to its switch interval: 5 ms a round trip with a Python thread spinning in the parent, 80-90
+ * us without, against 13-16 us either way from here (bench/referee_answer.py on a CPU machine, docs/gpu.md
+ * 2026-12-07, fourth session). The thread, having refused
  * an earlier line, closes its answers: the next "R" here finds them closed and the relay ends. */
 #define REF_MIN_KEEP 2 /* referee.py MIN_KEEP; MAX_KEEP above is its MAX_KEEP */
 typedef struct {
