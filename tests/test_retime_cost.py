@@ -79,7 +79,7 @@ def test_a_retime_runs_no_judge_and_no_checked_run(pool_and_modes, monkeypatch):
     assert first.costs.judge > 0 and first.cases[0].rel_err is not None
     modes.clear()
     again = pool.retime([PoolJob(0, source, Language.TRITON), PoolJob(1, source, Language.TRITON)])
-    assert [r.status for r in again] == [Status.PASSED, Status.PASSED]
+    assert [r.status for r in again] == [Status.PASSED, Status.PASSED], [r.reason for r in again]
     # two candidate processes and no judge (the lane's baseline job may run again: the host drifted)
     assert modes.count("candidate") == 2 and "judge" not in modes and "warm judge" not in modes, modes
     assert all(r.costs.judge == 0 and r.cases[0].time_us for r in again)

@@ -160,6 +160,9 @@ class Referee:
         if m is None or (told is not None and kind not in "RW"):
             self._violate(f"the referee was asked something the harness never asks ({text[:40]!r})")
             return None
+        if told is not None and told.seed >> SEED_BITS:
+            self._violate("the referee's clock drew a seed out of range")
+            return None
         open_loop = self.loops[-1] if self.loops and not self.loops[-1].closed else None
         if kind == "B":
             if open_loop is not None:
@@ -198,8 +201,8 @@ class Referee:
             return None
         keep, drop = False, -1
         if kind == "W" and told is not None:  # the clock's warm-up seed
-            if told.keep or told.drop >= 0 or told.seed >> SEED_BITS:
-                self._violate("the referee's clock kept a warm-up call, or drew a seed out of range")
+            if told.keep or told.drop >= 0:
+                self._violate("the referee's clock kept a warm-up call")
                 return None
             seeds[k] = told.seed
             return f"S {told.seed} 0 -1"
@@ -249,8 +252,8 @@ class Referee:
             del lp.kept[told.drop]
         if told.keep:
             lp.kept[entry.call] = entry
-        if len(lp.kept) > lp.keep_target or told.seed >> SEED_BITS:
-            return "the referee's clock kept more calls than its loop keeps, or drew a seed out of range"
+        if len(lp.kept) > lp.keep_target:
+            return "the referee's clock kept more calls than its loop keeps"
         return None
 
     def _reservoir(self, lp: RefereeLoop, entry: KeptCall) -> tuple[bool, int]:

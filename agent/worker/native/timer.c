@@ -856,24 +856,27 @@ static PyMethodDef timer_methods[] = {
  * an earlier line, closes its answers: the next "R" here finds them closed and the relay ends. */
 #define REF_MIN_KEEP 2 /* referee.py MIN_KEEP; MAX_KEEP above is its MAX_KEEP */
 typedef struct {
-    int open, pending_open;    /* a loop opened (its "B" answered "G"), or asked for */
-    int baseline, target;      /* a baseline loop keeps no call; others up to target */
-    int pending_baseline, pending_target;
+    int open;             /* its "B" answered "G" by the thread, its "E" not yet */
+    int baseline, target; /* a baseline loop keeps no call; others up to target */
+    char expect;          /* the next of a timed call's T, D, R (referee.py RefereeLoop.expect) */
     long calls, seen, kept[MAX_KEEP];
-    int n_kept, after_d, mid;  /* after_d: the last question was a "D" (an "R" is in turn); mid: a "T" or a "D" */
+    int n_kept;
 } ClockLoop;
 
-/* "B <label> <kind> <n_sets> <n_keep>": what the loop it opens keeps, if the thread accepts it */
-static void clock_heard_b(ClockLoop *L, const char *q, size_t len) {
+/* "B <label> <kind> <n_sets> <n_keep>": the loop it opens, once the thread answers "G" (open 0: not parsed) */
+static ClockLoop clock_heard_b(const char *q, size_t len) {
+    ClockLoop L = {0};
     char line[300], label[80], kind[16];
     int n_sets = 0, n_keep = 0;
     if (len >= sizeof line)
-        return;
+        return L;
     memcpy(line, q, len);
     line[len] = 0;
-    L->pending_open = sscanf(line, "B %79s %15s %d %d", label, kind, &n_sets, &n_keep) == 4;
-    L->pending_baseline = strcmp(kind, "baseline") == 0;
-    L->pending_target = n_keep < REF_MIN_KEEP ? REF_MIN_KEEP : n_keep > MAX_KEEP ? MAX_KEEP : n_keep;
+    L.open = sscanf(line, "B %79s %15s %d %d", label, kind, &n_sets, &n_keep) == 4;
+    L.baseline = L.open && strcmp(kind, "baseline") == 0;
+    L.target = n_keep < REF_MIN_KEEP ? REF_MIN_KEEP : n_keep > MAX_KEEP ? MAX_KEEP : n_keep;
+    L.expect = 'T';
+    return L;
 }
 
 /* the call number of a well-formed "R <call> 0 <digest>\n", or -1 */
@@ -937,7 +940,7 @@ int optagent_referee_clock(int from_worker, int to_worker, int to_referee, int f
     size_t qn = 0;
     double answered = now_s();
     int spin = 0; /* a "T" or a "D" answered: the next question comes within microseconds to a call's length */
-    ClockLoop L = {0};
+    ClockLoop L = {0}, opening = {0};
     for (;;) {
         if (spin && spin_s > 0) {
             struct pollfd p = {from_worker, POLLIN, 0};
@@ -955,13 +958,13 @@ int optagent_referee_clock(int from_worker, int to_worker, int to_referee, int f
         while ((nl = memchr(q, '\n', qn)) != NULL) {
             size_t len = (size_t)(nl - q) + 1, an = 0;
             int mark = len == 2 && (q[0] == 'T' || q[0] == 'D');
-            long call = L.open && L.after_d ? clock_r_call(q, len) : -1;
-            int warm = L.open && !L.mid && len == 4 && memcmp(q, "W 0\n", 4) == 0; /* a warm-up call's, in turn */
+            long call = L.open && L.expect == 'R' ? clock_r_call(q, len) : -1;
+            int warm = L.open && L.expect == 'T' && len == 4 && memcmp(q, "W 0\n", 4) == 0; /* a warm-up's, in turn */
             double window = (heard - answered) * 1e6;
             int hn;
             spin = mark;
-            L.after_d = mark && q[0] == 'D';
-            L.mid = mark || (L.mid && q[0] != 'R');
+            if (mark || q[0] == 'R')
+                L.expect = q[0] == 'T' ? 'D' : q[0] == 'D' ? 'R' : 'T';
             if ((call >= 0 && call == L.calls) || warm) { /* the harness's R or W in turn: answered here, the thread told */
                 uint64_t seed = 0;
                 long drop = -1;
@@ -981,12 +984,11 @@ int optagent_referee_clock(int from_worker, int to_worker, int to_referee, int f
                 qn -= len;
                 continue;
             }
-            if (q[0] == 'B')
-                clock_heard_b(&L, q, len);
+            opening = q[0] == 'B' ? clock_heard_b(q, len) : (ClockLoop){0};
             hn = snprintf(head, sizeof head, "%.3f ", window);
             if (relay_write(to_referee, head, (size_t)hn) < 0 || relay_write(to_referee, q, len) < 0)
                 goto done;
-            int opening = q[0] == 'B', closing = len == 2 && q[0] == 'E';
+            int closing = len == 2 && q[0] == 'E';
             memmove(q, q + len, qn - len);
             qn -= len;
             if (mark) { /* answered here, the referee told (it keeps the order of the marks and the questions) */
@@ -1003,12 +1005,8 @@ int optagent_referee_clock(int from_worker, int to_worker, int to_referee, int f
                     goto done;
                 an += (size_t)k;
             }
-            if (an == 2 && a[0] == 'G' && opening && L.pending_open) { /* the thread opened the loop */
-                ClockLoop opened = {0};
-                opened.open = 1;
-                opened.baseline = L.pending_baseline;
-                opened.target = L.pending_target;
-                L = opened;
+            if (an == 2 && a[0] == 'G' && opening.open) { /* the thread opened the loop */
+                L = opening;
             } else if (an == 2 && a[0] == 'G' && closing) {
                 L.open = 0;
             }
