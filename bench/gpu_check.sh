@@ -18,6 +18,8 @@
 #   STEPS="host_cores repeat_probe" bash bench/gpu_check.sh steps   the host's slow stretches per core; one kernel's
 #                                   eager time across fresh processes against the host probe (issue 31);
 #                                   clock_ramp: an idle GPU's first calls against its steady time
+#   STEPS="triton_compile triton_compile:FILE.py" ...   a Triton kernel's first calls: compiles, launcher
+#                                   builds, loads; serially and compiled on threads after a dry pass (issue 31)
 #   STEPS=ipc_probe bash bench/gpu_check.sh steps   a referee's memory opened by a launcher under bwrap (CUDA IPC)
 #   STEPS=ray_overhead bash bench/gpu_check.sh steps   Ray's overhead per candidate against the local pool
 #                                   (issue 24; needs .ray/ray.tar.xz from bench/pack_ray.sh)
@@ -335,6 +337,11 @@ repeat_probe() {  # issue 31: one kernel's eager time across fresh processes, ag
   timeout "${REPEAT_TIMEOUT:-150}" python3 bench/repeat_probe.py ${REPEAT_ARGS:-} --json "$OUT/eval_cost-repeat.json" \
     > "$OUT/repeat_probe.txt" 2>&1
   echo "repeat probe: exit $?"; cat "$OUT/repeat_probe.txt" | tee -a "$OUT/eval_cost-diag.txt"
+}
+
+triton_compile() {  # triton_compile [KERNEL] [--modes ...]: a Triton kernel's first calls, compiles and launcher
+  # builds apart, serially and with the specialisations compiled on threads after a dry pass (bench/triton_compile_cost.py)
+  timeout "${TC_TIMEOUT:-240}" python3 bench/triton_compile_cost.py "$OURS" "$@" 2>&1 | tee -a "$OUT/eval_cost-compile.txt"
 }
 
 eval_profile() {  # issue 31: one evaluation's message timeline and its judge under cProfile (bench/eval_profile.py)
