@@ -118,7 +118,7 @@ class PhaseStarted(Message):
 
 class LaneWanted(Message):
     """The harness is about to time or (Phase.CASE, Job.shared_checks) to check the kernel: it waits for its lane
-    where the parent gave it a gate (evaluation/lanes.py), and tells the phase's start either way."""
+    where the parent gave it a gate (evaluation/gates.py), and tells the phase's start either way."""
 
     type: Literal["lane_wanted"] = "lane_wanted"
     phase: Phase

@@ -14,8 +14,9 @@ from attack_fixtures import aborted
 from optagent.cli.main import main
 from optagent.evaluation.evaluator import SandboxEvaluator
 from optagent.evaluation.cases import select_cases
-from optagent.evaluation import lanes
-from optagent.evaluation.lanes import Gate, Hold, Lane, OrderedLane
+from optagent.evaluation import gates
+from optagent.evaluation.gates import Gate
+from optagent.evaluation.lanes import Hold, Lane, OrderedLane
 from optagent.evaluation.pool import LocalPool
 from optagent.messages import LaneReleased, LaneWanted, Phase
 from optagent.protocols import Pool, PoolJob
@@ -270,7 +271,7 @@ def test_a_timed_phase_holds_its_lane_until_its_process_has_ended(task, starter)
 
 def test_a_process_that_does_not_end_after_its_timed_phase_is_stopped_and_frees_the_lane(task, starter, monkeypatch):
     """Held until its end, a lane is not the candidate's to keep: past the grace it is stopped, and fails for it."""
-    monkeypatch.setattr(lanes, "ENDING_GRACE_S", 1.0)
+    monkeypatch.setattr(gates, "ENDING_GRACE_S", 1.0)
     pool = LocalPool(evaluator(task), jobs=2, devices=[None])
     forever = LINGERS.replace(f"time.sleep({LINGER_S})", "time.sleep(600)")
     late = with_body(starter, CHECKS_SLOWLY)

@@ -7,7 +7,7 @@ import hashlib
 import threading
 import time
 
-from optagent.evaluation.lanes import Stopped
+from optagent.evaluation.gates import Stopped
 from optagent.evaluation.pool import LocalPool
 from optagent.protocols import PlannerExhausted
 from optagent.schema import (CaseKind, CaseResult, Device, EvalResult, Language, Proposal, RunConfig, RunStatus,

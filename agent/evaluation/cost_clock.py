@@ -3,7 +3,7 @@
 The candidate process's messages arrive as they are sent (the result pipe is unbuffered),
 so their arrival times mark its phases: Hello ends its start-up (its own clock splits that
 into the process's spawn and its imports), the lane messages bracket the timed phases, the
-gate (evaluation/lanes.py) says how long the lane was waited for. For display and bench/
+gate (evaluation/gates.py) says how long the lane was waited for. For display and bench/
 only: no verdict rests on these figures.
 """
 

@@ -29,7 +29,8 @@ from optagent.evaluation.builds import Builds
 from optagent.evaluation.cases import derived_smoke, select_cases
 from optagent.evaluation.cost_clock import CostClock
 from optagent.evaluation.judges import SIDE_BY_SIDE, Judges, JudgeService
-from optagent.evaluation.lanes import Control, Lane
+from optagent.evaluation.gates import Control
+from optagent.evaluation.lanes import Lane
 from optagent.evaluation.limits import limits_for, record
 from optagent.evaluation.native_build import native_timer
 from optagent.evaluation.profiler import Profiler

@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
-from optagent.evaluation.lanes import Control
+from optagent.evaluation.gates import Control
 from optagent.evaluation.safe_files import open_samples
 from optagent.evaluation.sandbox import WorkerRun, run_worker
 from optagent.evaluation.scratch import remove_scratch, scratch_fd

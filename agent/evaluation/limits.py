@@ -105,8 +105,8 @@ def _read(path: str) -> bytes:
         os.close(fd)
 
 
-def tree_usage(root: int) -> tuple[int, int, list[int]]:
-    """(resident anonymous + shared bytes, threads, pids) of `root` and every process below it."""
+def tree_pids(root: int) -> list[int]:
+    """`root` and every process below it."""
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -115,11 +115,18 @@ def tree_usage(root: int) -> tuple[int, int, list[int]]:
             except (OSError, ValueError, IndexError):
                 continue
             children.setdefault(ppid, []).append(int(name))
-    memory, threads, todo, seen = 0, 0, [root], []
+    todo, seen = [root], []
     while todo:
         pid = todo.pop()
         seen.append(pid)
         todo.extend(children.get(pid, ()))
+    return seen
+
+
+def tree_usage(root: int) -> tuple[int, int, list[int]]:
+    """(resident anonymous + shared bytes, threads, pids) of `root` and every process below it."""
+    memory, threads, seen = 0, 0, tree_pids(root)
+    for pid in seen:
         try:
             for line in _read(f"/proc/{pid}/status").splitlines():
                 key, _, value = line.partition(b":")

@@ -1,10 +1,9 @@
 """The local evaluation pool: a round's candidates evaluated at once, timed one lane per GPU.
 
-Each evaluation is today's (evaluator.py): a sandboxed candidate process, then the judge,
-driven by a thread of the pool. Up to `jobs` run at once, so one's compiling and checking
-(CPU work) overlaps another's; their timed phases wait for their lane (lanes.py), one per
-visible GPU, each process pinned to its lane's GPU. On the CPU there is one lane by default
-(CPU times are labels, not rankings: OPTAGENT_CPU_LANES makes more, for tests).
+Each evaluation is today's (evaluator.py): a sandboxed candidate process, then the judge, driven by a thread of
+the pool. Up to `jobs` run at once, so one's compiling and checking (CPU work) overlaps another's; their timed
+phases wait for their lane (lanes.py), one per visible GPU, each process pinned to its lane's GPU. On the CPU there
+is one lane by default (CPU times are labels, not rankings: OPTAGENT_CPU_LANES makes more, for tests).
 
 The baselines are timed once per lane, in a process of their own (the baseline job: no
 candidate code in it, as before when they were timed first in the candidate process) and
@@ -30,7 +29,8 @@ from optagent import waits
 from optagent.evaluation.evaluator import SandboxEvaluator
 from optagent.evaluation import host_memory, take_down
 from optagent.evaluation.gpus import visible_gpus
-from optagent.evaluation.lanes import Control, Gate, Lane, OrderedLane, Stopped
+from optagent.evaluation.gates import Control, Gate, Stopped
+from optagent.evaluation.lanes import Lane, OrderedLane
 from optagent.evaluation.referee_log import NOT_THE_HARNESS
 from optagent.evaluation.timer_check import MOVED
 from optagent.messages import Baseline, Done

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from optagent.evaluation import ncu_csv
-from optagent.evaluation.lanes import Control, Gate, OrderedLane
+from optagent.evaluation.gates import Control, Gate
+from optagent.evaluation.lanes import OrderedLane
 from optagent.evaluation.safe_files import read_regular
 from optagent.evaluation.sandbox import WorkerRun, run_worker
 from optagent.evaluation.scratch import new_scratch, remove_scratch

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 from optagent.evaluation import isolation, safe_files, take_down
-from optagent.evaluation.lanes import Control, Stopped
+from optagent.evaluation.gates import Control, Stopped
 from optagent.evaluation.limits import Watch, limits_for, record
 from optagent.evaluation.log_tap import LogTap
 from optagent.evaluation.referee import SPIN_S, Referee
@@ -82,7 +82,7 @@ def run_worker(job: Job, timeout_s: float, on_message: Optional[Callable[[Messag
                control: Optional[Control] = None, prefix: Sequence[str] = (), fds: Sequence[int] = ()) -> WorkerRun:
     """Run one worker to its end; on_message sees each of its messages as it arrives (for live
     progress only: the returned messages are parsed again, from everything the pipe carried).
-    control (a pool's, evaluation/lanes.py): its device and lane gate, and a stop flag; the time
+    control (a pool's, evaluation/gates.py): its device and lane gate, and a stop flag; the time
     the worker waits for its lane does not count against timeout_s. prefix: a program that runs
     the worker inside the sandbox (ncu, for --profile: evaluation/profiler.py). fds: descriptors the
     worker inherits besides its pipes (the judge's saved outputs, opened by the parent)."""
@@ -154,6 +154,7 @@ def spawn(job: Job, job_fd: int, job_arg: str, timeout_s: float, control: Option
     env.update(referee.env if referee else {})
     argv += [str(fd) for fd in report.child_fds] if report else []
     start = time.monotonic()
+    proc: Optional[subprocess.Popen] = None
     try:
         proc = subprocess.Popen(argv, pass_fds=(wfd, job_fd, *fds, *control.fds, *(report.child_fds if report else ()),
                                                 *(referee.child_fds if referee else ())),
@@ -173,7 +174,7 @@ def spawn(job: Job, job_fd: int, job_arg: str, timeout_s: float, control: Option
         os.close(wfd)
         os.close(log_w)
         os.close(job_fd)  # the child holds its own; read and closed before any candidate code
-        control.spawned()
+        control.spawned(proc.pid if proc is not None else None, marker)
     if report:
         report.started()
     if referee:

@@ -13,12 +13,11 @@ import signal
 import subprocess
 import threading
 import time
-from pathlib import Path
 from typing import Callable, Optional
 
-from optagent.evaluation.lanes import Control
+from optagent.evaluation.gates import Control
 from optagent.evaluation.limits import Watch
-from optagent.evaluation.worker_command import MARKER
+from optagent.evaluation.parking import marked_pids
 
 KILL_WAIT_S = 30.0  # after SIGKILL: a process the kernel cannot take down yet is left, not waited on
 
@@ -32,14 +31,10 @@ def kill_group(pid: int) -> None:
 
 def kill_marked(marker: str) -> None:
     """Kill processes that left the group (setsid) but still carry this run's marker."""
-    needle = f"{MARKER}={marker}".encode()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
+    for pid in marked_pids(marker):
         try:
-            if needle in (proc / "environ").read_bytes():
-                os.kill(int(proc.name), signal.SIGKILL)
-        except (OSError, ValueError):
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
             continue
 
 

@@ -34,7 +34,7 @@ from typing import Callable, Optional
 
 from optagent import job_channel
 from optagent.evaluation import isolation
-from optagent.evaluation.lanes import Control
+from optagent.evaluation.gates import Control
 from optagent.evaluation.sandbox import Spawned, WorkerRun, collect, spawn
 from optagent.evaluation.scratch import remove_scratch, scratch_fd
 from optagent.messages import Job, Message
@@ -81,7 +81,7 @@ class WarmWorker:
             gate: Optional[Control] = None) -> Optional[WorkerRun]:
         """Send the job (and the descriptors it names) and read the worker to its end; None, nothing sent,
         when the worker is no longer there to take it (it died while it waited): the caller starts one.
-        gate: a spare's lane gate (evaluation/lanes.py), sent with the job; it then stands for the process."""
+        gate: a spare's lane gate (evaluation/gates.py), sent with the job; it then stands for the process."""
         if self.spawned.proc.poll() is not None:
             self.abandon()
             return None
@@ -98,7 +98,7 @@ class WarmWorker:
             pass  # it died while it waited: collect() says how
         finally:
             if gate is not None:
-                gate.spawned()  # the worker holds the gate's end now (or is gone): ours is closed
+                gate.spawned(self.spawned.proc.pid, self.spawned.marker)  # it holds the gate's end now (or is gone)
         try:
             return collect(self.spawned, job, self.timeout_s, on_message, since, keep=self.serving)
         finally:

@@ -1,6 +1,6 @@
 """Worker side of the timing lane: the timed phases wait for the parent's go-ahead.
 
-The parent (evaluation/lanes.py) may pass a gate: the read end of a pipe whose number is in
+The parent (evaluation/gates.py) may pass a gate: the read end of a pipe whose number is in
 LANE_FD_ENV. Before a timed phase the harness says LaneWanted on its result channel and blocks
 reading one byte from the gate, which the parent writes when no other process times on this
 lane's device; after the phase it says LaneReleased. Where the job says so (Job.shared_checks: on a
