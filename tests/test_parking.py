@@ -182,6 +182,24 @@ def test_a_process_stopped_while_it_waits_for_its_hold_is_not_counted_twice(slee
     parked.close()
 
 
+
+def test_the_next_holder_runs_and_the_others_stay_stopped_as_the_lane_passes(sleepers):
+    """One process stopped while it waited for its timed phase gets the lane as the holder ends: it runs, the
+    third member stays stopped for it (the handover is one step: no new holder finds it still stopped)."""
+    lane = Lane(0, None)
+    (p1, m1, next_pids), (p2, m2, third_pids) = sleepers(), sleepers()
+    t = holder(lane, "t")
+    nxt, third = member(lane, "next", p1, m1), member(lane, "third", p2, m2)
+    nxt.on_message(LaneWanted(phase=Phase.TIMING))
+    assert stopped(next_pids) and stopped(third_pids) and not granted(nxt, 0.2)
+    t.close()
+    assert granted(nxt) and stopped(next_pids, False)
+    time.sleep(0.1)
+    assert stopped(third_pids)
+    nxt.close()
+    assert stopped(third_pids, False)
+    third.close()
+
 # ------------------------------------------------------------------ a real pool: a neighbour's signal handler
 # Candidate code outside any hold of its process's: an interval timer whose handler runs every 5 ms, in the checking
 # phase and while the harness waits for its timed phase's grant (a signal interrupts that wait and Python runs the

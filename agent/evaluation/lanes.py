@@ -97,8 +97,8 @@ class Lane:
                 self._holder.released = time.monotonic()
                 self._holder = None
             self._done(who)
+            self.parking.unpark(who)  # before the next holder, woken here, stops anyone
             self._cond.notify_all()
-        self.parking.unpark(who)
 
     def cancel(self, who: Hashable) -> None:
         """`who` will not time (any more): out of the queue; a hold it has is released."""

@@ -107,44 +107,45 @@ class Parking:
         self._lock = threading.Lock()
         self._members: dict[Hashable, Member] = {}
         self._holder: Optional[Hashable] = None
-        self._stopped: list[Member] = []
+        self._stopped: dict[Hashable, Member] = {}
         self.stops = 0  # members stopped, in all (tests, bench/)
-        self.stopped_s = 0.0  # how long stopping took, in all
+        self.stopping_s = 0.0  # how long stopping them took, in all
 
     def enter(self, who: Hashable, member: Member) -> None:
         """`who` may run candidate code from now on: stopped at once if another process holds the lane alone."""
         with self._lock:
             self._members[who] = member
             if self._holder is not None and self._holder != who:
-                self._stop(member)
+                self._stop(who, member)
 
     def leave(self, who: Hashable) -> None:
         """`who`'s process has ended."""
         with self._lock:
-            member = self._members.pop(who, None)
-            if member in self._stopped:
-                self._stopped.remove(member)
+            self._members.pop(who, None)
+            self._stopped.pop(who, None)
 
     def park(self, holder: Hashable) -> None:
-        """`holder` holds the lane alone: every other member stopped."""
+        """`holder` holds the lane alone: every other member stopped (and the holder running)."""
         with self._lock:
             self._holder = holder
             for who, member in self._members.items():
-                if who != holder:
-                    self._stop(member)
+                if who != holder and who not in self._stopped:
+                    self._stop(who, member)
+            if holder in self._stopped:
+                self._stopped.pop(holder).resume()
 
     def unpark(self, holder: Hashable) -> None:
         with self._lock:
             if self._holder != holder:
                 return
             self._holder = None
-            for member in self._stopped:
+            for member in self._stopped.values():
                 member.resume()
             self._stopped.clear()
 
-    def _stop(self, member: Member) -> None:
+    def _stop(self, who: Hashable, member: Member) -> None:
         t0 = time.monotonic()
         member.pause()
-        self._stopped.append(member)
+        self._stopped[who] = member
         self.stops += 1
-        self.stopped_s += time.monotonic() - t0
+        self.stopping_s += time.monotonic() - t0
