@@ -309,12 +309,14 @@ class Bench:
                 results, wall, busy = self.timed(pool, [PoolJob(i, distinct(source, lang, i), lang) for i in range(n)])
             finally:
                 runs, taken = pool.baseline_runs, spares_taken(pool)
+                parked = getattr(pool.lane_list[0], "parking", None)  # (an older tree has none)
+                stops = f"{parked.stops} stops of a neighbour, {parked.stopping_s * 1e3:.0f} ms" if parked else "-"
                 print(f"    baseline jobs again: {pool.baseline_why}", flush=True)
                 pool.close()
             ok = sum(r.status.ok for r in results)
             print(f"width {package:<13} {lang.value:<6} w={w} {n} candidates ({ok} passed) in {wall:.1f} s: "
                   f"{n / wall * 3600:.0f} cand/h, gpu busy {_f(busy, '.0f')}% ({runs} baseline jobs, {taken} spares "
-                  "taken)", flush=True)
+                  f"taken; {stops})", flush=True)
             failed = [f"{r.status.value}: {(r.reason or '')[:240]}" for r in results if not r.status.ok]
             for why in failed:
                 print(f"    {why}", flush=True)
