@@ -5,9 +5,13 @@ connections and 5xx answers. A 4xx (bad request, wrong key) or a malformed reply
 way, so it surfaces at once. Settings are read when a call starts, so tests (and users) can shrink the waits
 through the environment without re-importing anything.
 
-Trusted worker processes (``once_more_if_killed``: the package probe, the judge): one killed from outside (a
+Worker processes (``once_more_if_killed``: the package probe, the judge, an evaluation's candidate process): one
+killed from outside (a
 signal no limit, timeout or stop of the parent's sent, and that no fault of its own code raises) is the host's
 doing or a neighbour's, not the job's: it runs once more, at once. A second such death stands.
+
+A pool's evaluation (``once_more_alone``) whose verdict its company or the host can cause (evaluation/crowd.py) runs
+once more with no other evaluation beside it; that verdict stands.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import random
-from typing import Any, Callable, Optional, Protocol, TypeVar
+from typing import Any, Callable, ContextManager, Optional, Protocol, TypeVar
 
 from tenacity import (
     RetryCallState,
@@ -120,6 +124,7 @@ class EndedRun(Protocol):
 
 
 R = TypeVar("R", bound=EndedRun)
+T = TypeVar("T")
 
 
 def _log_rerun(state: RetryCallState) -> None:
@@ -130,3 +135,18 @@ def once_more_if_killed(run: Callable[[], R]) -> R:
     """run() again once where its process was killed from outside; the last run, whatever it says."""
     return Retrying(stop=stop_after_attempt(2), retry=retry_if_result(lambda r: r.killed_from_outside),
                     before_sleep=_log_rerun, retry_error_callback=lambda state: state.outcome.result())(run)
+
+
+def once_more_alone(run: Callable[[], T], again: Callable[[T], bool],
+                    alone: Callable[[], ContextManager[object]]) -> T:
+    """run(); where again(its result), run() once more inside alone(); the last result, whatever it says."""
+    calls = [0]
+
+    def attempt() -> T:
+        calls[0] += 1
+        if calls[0] == 1:
+            return run()
+        with alone():
+            return run()
+    return Retrying(stop=stop_after_attempt(2), retry=retry_if_result(again),
+                    retry_error_callback=lambda state: state.outcome.result())(attempt)

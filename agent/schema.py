@@ -1,8 +1,7 @@
 """Every record optagent writes or passes between processes.
 
-Each record is a pydantic model carrying a format version; statuses are enums
-and a record is validated against its status (a PASSED case has a time, a
-failed one has a reason), so no magic values such as ``time_us=-1`` exist.
+Each record is a pydantic model carrying a format version; statuses are enums and a record is validated against
+its status (a PASSED case has a time, a failed one has a reason), so no magic values such as ``time_us=-1`` exist.
 """
 
 from __future__ import annotations
@@ -153,6 +152,7 @@ class EvalResult(Record):
     costs: Optional[Costs] = None
     timer: TimerKind = TimerKind.PYTHON  # what took the timings (before it was recorded: the Python one)
     timed_on: Optional[str] = None  # the pool's lane (a GPU, a cluster actor) that timed it: search/accept.py
+    killed_from_outside: bool = False  # its candidate process ended by a signal not the parent's: evaluated again
 
     @model_validator(mode="after")
     def _consistent(self) -> "EvalResult":

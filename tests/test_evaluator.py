@@ -210,23 +210,54 @@ def test_a_kernel_the_tasks_check_fails_is_never_timed():
     assert "check() failed" in result.reason and result.cases[0].time_us is None and result.costs.timing == 0
 
 
-def killing_judges(monkeypatch, kills: int) -> list:
-    """sandbox.spawn, with its first `kills` judge processes killed from outside (their whole group, SIGKILL) a
-    second after they start, as an operator or the kernel's OOM killer would; the judges spawned, in order."""
+def killing(monkeypatch, kills: int, mode: str = "judge", after_s: float = 1.0) -> list:
+    """sandbox.spawn, with its first `kills` processes of `mode` killed from outside (their whole group, SIGKILL)
+    after_s after they start, as an operator or the kernel's OOM killer would; those spawned, in order."""
     from optagent.evaluation import sandbox
 
-    real, judges = sandbox.spawn, []
+    real, spawned = sandbox.spawn, []
 
     def spawn(job, *args, **kwargs):
         sp = real(job, *args, **kwargs)
-        if job.mode == "judge":
-            judges.append(sp)
-            if len(judges) <= kills:
-                threading.Timer(1.0, lambda: os.killpg(sp.proc.pid, signal.SIGKILL)).start()
+        if job.mode == mode:
+            spawned.append(sp)
+            if len(spawned) <= kills:
+                threading.Timer(after_s, lambda: os.killpg(sp.proc.pid, signal.SIGKILL)).start()
         return sp
 
     monkeypatch.setattr(sandbox, "spawn", spawn)
-    return judges
+    return spawned
+
+
+def killing_judges(monkeypatch, kills: int) -> list:
+    return killing(monkeypatch, kills)
+
+
+def test_a_candidate_process_killed_from_outside_is_evaluated_once_more(task, starter, monkeypatch):
+    spawned = killing(monkeypatch, kills=1, mode="candidate")
+    result = evaluator(task).evaluate(starter, Language.TRITON)
+    assert result.status is Status.PASSED and not result.killed_from_outside, result.reason
+    assert len(spawned) == 2 and spawned[0].proc.returncode == -signal.SIGKILL
+
+
+def test_a_candidate_process_killed_twice_from_outside_stands(task, starter, monkeypatch):
+    spawned = killing(monkeypatch, kills=2, mode="candidate")
+    result = evaluator(task).evaluate(starter, Language.TRITON)
+    assert len(spawned) == 2  # once more, not for ever
+    assert result.status is Status.RUNTIME_ERROR and "killed by SIGKILL" in result.reason
+    assert result.killed_from_outside
+
+
+def test_a_pool_evaluates_a_candidate_killed_from_outside_once_more_alone(task, starter, monkeypatch):
+    from optagent.evaluation.pool import LocalPool
+    from optagent.protocols import PoolJob
+
+    spawned = killing(monkeypatch, kills=1, mode="candidate", after_s=2.0)  # (no spares on a CPU: spawned for it)
+    pool = LocalPool(evaluator(task), jobs=2, devices=[None])
+    got = {job.key: r for job, r in pool.evaluate([PoolJob(0, starter, Language.TRITON)])}
+    pool.close()
+    assert got[0].status is Status.PASSED, got[0].reason
+    assert pool.alone_runs == 1 and spawned[0].proc.returncode == -signal.SIGKILL
 
 
 def test_a_judge_killed_from_outside_runs_once_more(task, starter, monkeypatch):

@@ -97,7 +97,7 @@ def test_a_kernel_that_ran_out_of_memory_in_company_is_evaluated_again_alone():
 
 def test_a_kernel_that_runs_out_alone_too_fails_and_other_failures_are_not_run_again():
     got, gpu, pool = run(["greedy", "broken", "hungry-1"])
-    assert got["greedy"].status is Status.RUNTIME_ERROR and got["greedy"].reason.endswith("(alone on the GPU too)")
+    assert got["greedy"].status is Status.RUNTIME_ERROR and got["greedy"].reason.endswith("(alone too)")
     assert got["broken"].status is Status.RUNTIME_ERROR and [s for s, _ in gpu.calls].count("broken") == 1
     assert got["hungry-1"].status is Status.PASSED
     assert pool.alone_runs == 2
@@ -111,7 +111,7 @@ def test_one_evaluation_at_a_time_is_never_run_twice():
 def test_work_moved_in_company_is_looked_at_again_alone_and_a_cheat_is_still_caught():
     got, gpu, pool = run(["slowed", "mover", "hungry-1"])
     assert got["slowed"].status is Status.PASSED  # the host was busy, not the kernel
-    assert got["mover"].status is Status.REJECTED and got["mover"].reason.endswith(f"{MOVED} (alone on the GPU too)")
+    assert got["mover"].status is Status.REJECTED and got["mover"].reason.endswith(f"{MOVED} (alone too)")
     assert pool.alone_runs == 3
 
 
@@ -119,5 +119,5 @@ def test_a_claim_the_referee_saw_stretched_in_company_is_looked_at_again_alone_a
     got, gpu, pool = run(["stretched", "forger", "hungry-1"])
     assert got["stretched"].status is Status.PASSED  # the neighbours stretched the referee's windows
     assert got["forger"].status is Status.REJECTED
-    assert got["forger"].reason.endswith(f"{NOT_THE_HARNESS} (alone on the GPU too)")
+    assert got["forger"].reason.endswith(f"{NOT_THE_HARNESS} (alone too)")
     assert pool.alone_runs == 3

@@ -119,8 +119,9 @@ class SandboxEvaluator:
         return record(isolation.describe(isolation.mechanism()), limits_for(self.device))
 
     def evaluate(self, source: str, language: Language, progress: Optional[ProgressSink] = None) -> EvalResult:
-        """progress, when given, hears each phase of the evaluation as it starts."""
-        return self.evaluate_on(source, language, progress)
+        """progress, when given, hears each phase of the evaluation as it starts. A candidate process killed from
+        outside is evaluated once more (a pool does it alone: evaluation/crowd.py)."""
+        return once_more_if_killed(lambda: self.evaluate_on(source, language, progress))
 
     def evaluate_on(self, source: str, language: Language, progress: Optional[ProgressSink] = None, *,
                     gate: Optional[Control] = None, control: Optional[Control] = None,
@@ -195,6 +196,8 @@ class SandboxEvaluator:
                     clock.judge_s = time.monotonic() - t0
                     self._judged = True
             result = assemble(job, run, judged if judge else None, source_sha256=sha, timeout_s=self.timeout_s, started=start)
+            if run.killed_from_outside and not result.status.ok:  # the host's doing or an operator's (crowd.py)
+                result = result.model_copy(update={"killed_from_outside": True})
             if judge and result.status is Status.PASSED:
                 self.builds.keep(sha, scratch_fd(scratch))
         finally:

@@ -23,20 +23,20 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from optagent import waits
 from optagent.evaluation.evaluator import SandboxEvaluator
 from optagent.evaluation import host_memory, take_down
+from optagent.evaluation.crowd import ALONE_TOO, Crowd, again_alone
 from optagent.evaluation.gpus import visible_gpus
-from optagent.evaluation.gates import Control, Gate, Stopped
+from optagent.evaluation.gates import Control, Gate
 from optagent.evaluation.lanes import Lane, OrderedLane
-from optagent.evaluation.referee_log import NOT_THE_HARNESS
-from optagent.evaluation.timer_check import MOVED
 from optagent.messages import Baseline, Done
 from optagent.progress import ProgressSink, serialised, stamped
 from optagent.protocols import PoolJob
-from optagent.schema import Device, EvalResult, Status
+from optagent.retries import once_more_alone
+from optagent.schema import Device, EvalResult
 from optagent.settings import settings
 from optagent.worker import host_speed
 
@@ -86,7 +86,7 @@ class LocalPool:
         self.baseline_runs = 0  # how many times a baseline job ran (bench/, tests)
         self.baseline_why: list[str] = []  # and why each one after the first (bench/)
         self._crowd = Crowd()
-        self.alone_runs = 0  # evaluations run again alone after a verdict company can cause (crowded)
+        self.alone_runs = 0  # evaluations run again alone after a verdict company or the host can cause (crowd.py)
         # as many candidate processes started ahead on each lane as evaluations may run on it at once (a re-time's
         # two included), from the start: their start-up paid while the planner thinks, never beside a timed phase
         # (its lane waits for them: warm_worker.py), the run's first evaluation in one too
@@ -158,20 +158,32 @@ class LocalPool:
                     control=Control(lane.device, stop), baselines=lambda: _baselines_of(future), judge=fixed is None,
                     judges=None if alone else 1)
             with self._crowd.member():
-                result = once()
-                if fixed is None and self.jobs > 1 and crowded(result) and not stop.is_set():
-                    # The evaluations beside it share the GPU's memory and the host's cores: not the kernel's
-                    # fault until it fails so alone. Once, with no other evaluation of this pool running.
-                    with self._crowd.alone(stop):
-                        self.alone_runs += 1
-                        again = once()
-                    result = again if not crowded(again) else again.model_copy(
-                        update={"reason": f"{again.reason} (alone on the GPU too)"})
+                # a re-time's turn on its ordered lane has passed: never again
+                result = once() if fixed is not None else self._again_alone(once, stop)
             return result.model_copy(update={"timed_on": lane.name})
         finally:
             if fixed is None:
                 with self._lock:
                     self._busy[lane.index] -= 1
+
+    def _again_alone(self, once: Callable[[], EvalResult], stop: threading.Event) -> EvalResult:
+        """once(), and once more with no other evaluation of the pool running where its verdict is one that its
+        company or the host can cause (crowd.py): not the kernel's fault until it fails so alone too."""
+        ran_alone: list[bool] = []
+
+        @contextmanager
+        def by_itself() -> Iterator[None]:
+            with self._crowd.alone(stop):
+                self.alone_runs += 1
+                ran_alone.append(True)
+                yield
+
+        def again(result: EvalResult) -> bool:
+            return again_alone(result, self.jobs) and not stop.is_set()
+        result = once_more_alone(once, again, by_itself)
+        if ran_alone and again(result):
+            result = result.model_copy(update={"reason": f"{result.reason} ({ALONE_TOO})"})
+        return result
 
     def _baseline(self, lane: Lane) -> Future:
         """The lane's baseline timing: the current one while fresh, else a new baseline job, started now."""
@@ -203,68 +215,6 @@ class LocalPool:
         self.evaluator.drop_spares()
         take_down.reaped()  # judges that answered, still ending: none outlives its pool
         host_memory.finish(self._touch)
-
-
-def crowded(result: EvalResult) -> bool:
-    """A GPU verdict that other evaluations beside it can cause: the device's memory ran out, the harness's
-    work between timed calls ran slower than the lane's baseline job measured it on an idle host (on the
-    H200, 891 us against 276 with sixteen busy processes on sixteen cores), or the referee's clock saw the
-    calls take far longer than the timer's records say (a busy host stretches the referee's windows, which
-    the timer's host-speed probe leaves out of its claim). A kernel that moves work there, or forges its
-    records, does so alone too: the checks do not rest on chance, so running it again gives a cheat nothing."""
-    reason = result.reason or ""
-    if result.device is not Device.CUDA:
-        return False
-    if result.status is Status.RUNTIME_ERROR:
-        return any(m in reason for m in ("CUDA out of memory", "OutOfMemoryError", "CUDA_ERROR_OUT_OF_MEMORY"))
-    return result.status is Status.REJECTED and reason.endswith((MOVED, NOT_THE_HARNESS))
-
-
-class Crowd:
-    """The pool's evaluations in flight; alone() waits until no other runs and lets none start meanwhile."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._running = 0
-        self._wanted = 0  # members waiting to run alone: no new member starts meanwhile
-        self._exclusive = False
-
-    @contextmanager
-    def member(self) -> Iterator[None]:
-        with self._cond:
-            while self._exclusive or self._wanted:
-                self._cond.wait()
-            self._running += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._running -= 1
-                self._cond.notify_all()
-
-    @contextmanager
-    def alone(self, stop: threading.Event) -> Iterator[None]:
-        """Called by a member: it steps out while it waits, so two that ask at once take turns."""
-        with self._cond:
-            self._running -= 1
-            self._wanted += 1
-            self._cond.notify_all()
-            while self._exclusive or self._running > 0:
-                if stop.is_set():
-                    self._running += 1
-                    self._wanted -= 1
-                    self._cond.notify_all()
-                    raise Stopped("the evaluation was stopped while it waited to run alone")
-                self._cond.wait(0.5)
-            self._wanted -= 1
-            self._exclusive = True
-            self._running += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._exclusive = False
-                self._cond.notify_all()
 
 
 def _baselines_of(future: Future) -> list[Baseline]:
