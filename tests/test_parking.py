@@ -250,3 +250,47 @@ def test_a_neighbours_signal_handler_never_runs_beside_a_timed_phase(task_dir):
             if line.startswith("gap ")]
     assert any(a <= timed.granted + 0.25 and b >= timed.released for a, b in gaps), (gaps, timed)
     assert pool.lane_list[0].parking.stops >= 1
+
+
+# On a GPU: the same handler launches 2.5 ms of spinning on a side stream at every tick, never synchronised: while
+# it ran beside another candidate's timed calls, the GPU's time slices between the two contexts stretched them.
+SPINS = (
+    "    import signal, time, torch\n"
+    "    run_kernel.calls = getattr(run_kernel, 'calls', 0) + 1\n"
+    "    if run_kernel.calls == 1:\n"
+    "        side = torch.cuda.Stream()\n"
+    "        def spin(sig, frame):\n"
+    "            with torch.cuda.stream(side):\n"
+    "                torch.cuda._sleep(5_000_000)\n"
+    "        signal.signal(signal.SIGALRM, spin)\n"
+    "        signal.setitimer(signal.ITIMER_REAL, 0.005, 0.005)\n"
+    "    if run_kernel.calls <= 2:\n"
+    "        time.sleep(1.5)\n"
+    "    elif run_kernel.calls == 3:\n"
+    "        signal.setitimer(signal.ITIMER_REAL, 0)\n")
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_neighbours_kernels_launched_from_a_signal_handler_do_not_stretch_a_timed_phase(task_dir):
+    from optagent.evaluation.cases import select_cases
+    from optagent.evaluation.evaluator import SandboxEvaluator
+    from optagent.evaluation.pool import LocalPool
+    from optagent.protocols import PoolJob
+    from optagent.schema import Language
+    from optagent.task import load_task
+    from test_pool import with_body
+
+    task = load_task(task_dir)
+    starter = task.starter(Language.TRITON).source
+    ev = SandboxEvaluator(task, "cuda", select_cases(task, "cuda", 12, "1", hidden=False), static_scan=False)
+    pool = LocalPool(ev, jobs=2)
+    try:
+        alone = next(r for _, r in pool.evaluate([PoolJob(0, starter, Language.TRITON)]))
+        got = {job.key: r for job, r in pool.evaluate([PoolJob(1, with_body(starter, SPINS), Language.TRITON),
+                                                        PoolJob(2, starter + "\n# again\n", Language.TRITON)])}
+    finally:
+        pool.close()
+    assert alone.status is Status.PASSED and got[2].status is Status.PASSED, (alone.reason, got[2].reason)
+    assert pool.alone_runs == 0  # not rescued by a run alone: it was never timed beside the spinning
+    assert got[2].geomean_time_us < 1.15 * alone.geomean_time_us, (got[2].geomean_time_us, alone.geomean_time_us)
+    assert pool.lane_list[0].parking.stops >= 1
