@@ -219,12 +219,13 @@ TICKS = (
     "        signal.signal(signal.SIGALRM, tick)\n"
     "        signal.setitimer(signal.ITIMER_REAL, 0.005, 0.005)\n"
     "    if run_kernel.calls <= 2:\n"
-    "        time.sleep(1.5)\n"
+    "        time.sleep(2.0)\n"
     "    elif run_kernel.calls == 3:\n"
     "        signal.setitimer(signal.ITIMER_REAL, 0)\n")
-# checked in 0.3 s a call, then timed at 0.1 s a call: its timed phase comes while the other is still checking
+# checked in 1 s a call (the other has long set its timer by then), then timed at 0.1 s a call: its timed phase
+# comes while the other is still checking
 TIMED_SLOWLY = ("    import time\n    run_kernel.calls = getattr(run_kernel, 'calls', 0) + 1\n"
-                "    time.sleep(0.3 if run_kernel.calls <= 2 else 0.1)\n")
+                "    time.sleep(1.0 if run_kernel.calls <= 2 else 0.1)\n")
 
 
 def test_a_neighbours_signal_handler_never_runs_beside_a_timed_phase(task_dir):
