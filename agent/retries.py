@@ -128,7 +128,7 @@ T = TypeVar("T")
 
 
 def _log_rerun(state: RetryCallState) -> None:
-    log.warning("a trusted worker was killed from outside (attempt %d); running it once more", state.attempt_number)
+    log.warning("a worker was killed from outside (attempt %d); running it once more", state.attempt_number)
 
 
 def once_more_if_killed(run: Callable[[], R]) -> R:
