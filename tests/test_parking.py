@@ -14,6 +14,7 @@ import pytest
 
 from optagent.evaluation.gates import Gate
 from optagent.evaluation.lanes import Lane
+from optagent.evaluation.parking import marked_pids
 from optagent.evaluation.worker_command import MARKER
 from optagent.messages import Compiled, LaneReleased, LaneWanted, Phase
 from optagent.schema import Status
@@ -43,16 +44,8 @@ def stopped(pids: list[int], want: bool = True) -> bool:
         time.sleep(0.005)
 
 
-def family(pid: int, marker: str) -> list[int]:
-    needle = f"{MARKER}={marker}".encode()
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and needle in (proc / "environ").read_bytes():
-                found.append(int(proc.name))
-        except OSError:
-            continue
-    return sorted(found)
+def family(marker: str) -> list[int]:
+    return sorted(marked_pids(marker))
 
 
 @pytest.fixture
@@ -66,17 +59,17 @@ def sleepers():
         started.append((proc, marker))
         deadline = time.monotonic() + 10
         def ready() -> bool:  # the child has forked and left the group
-            pids = family(proc.pid, marker)
+            pids = family(marker)
             return len(pids) == 2 and any(os.getpgid(p) != proc.pid for p in pids)
         while not ready() and time.monotonic() < deadline:
             time.sleep(0.02)
         assert ready()
-        pids = family(proc.pid, marker)
+        pids = family(marker)
         return proc, marker, pids
 
     yield start
     for proc, marker in started:
-        for pid in family(proc.pid, marker):
+        for pid in family(marker):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

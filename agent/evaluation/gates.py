@@ -102,20 +102,18 @@ class Gate(Control):
     def pause(self) -> None:  # (not stop: Control.stop is the pool's stop flag)
         if self._procs is not None:
             self._procs.stop()
-            with self._stop_lock:
-                self._paused = True
-                self._stopped = time.monotonic() if self._asked is None else None
+            self._count_stopped(self._asked is None, paused=True)
 
     def resume(self) -> None:
         if self._procs is not None:
             self._procs.cont()
-            self._count_stopped(False)
-            with self._stop_lock:
-                self._paused = False
+            self._count_stopped(False, paused=False)
 
-    def _count_stopped(self, counting: bool) -> None:
-        """Stopped time counted from now on (counting) or no longer (it waits for a hold, or runs again)."""
+    def _count_stopped(self, counting: bool, paused: Optional[bool] = None) -> None:
+        """Stopped time counted from now on (counting, while paused) or no longer (it waits for a hold, or runs
+        again); `paused` set in the same step, so that a grant between the two never starts a count that lasts."""
         with self._stop_lock:
+            self._paused = self._paused if paused is None else paused
             now = time.monotonic()
             self._stopped_s += now - self._stopped if self._stopped is not None else 0.0
             self._stopped = now if counting and self._paused else None
