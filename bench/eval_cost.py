@@ -298,8 +298,10 @@ class Bench:
         self.rows.append(row)
         print_row(row)
 
-    def widths(self, package: str, lang: Language, widths: list[int], n: int) -> None:
-        source = load_task(PACKAGES[package]).starter(lang).source
+    def widths(self, package: str, lang: Language, widths: list[int], n: int, kernel: Optional[Path] = None) -> None:
+        """n distinct copies of the starter (or of `kernel`: a strategy's, as the offline search proposes them) at
+        each width: each copy compiles from nothing, as a new candidate does."""
+        source = kernel.read_text() if kernel else load_task(PACKAGES[package]).starter(lang).source
         for w in widths:
             if self.left() <= 0:
                 return
@@ -314,7 +316,7 @@ class Bench:
                 print(f"    baseline jobs again: {pool.baseline_why}", flush=True)
                 pool.close()
             ok = sum(r.status.ok for r in results)
-            print(f"width {package:<13} {lang.value:<6} w={w} {n} candidates ({ok} passed) in {wall:.1f} s: "
+            print(f"width {package + ('@' + kernel.stem if kernel else ''):<13} {lang.value:<6} w={w} {n} candidates ({ok} passed) in {wall:.1f} s: "
                   f"{n / wall * 3600:.0f} cand/h, gpu busy {_f(busy, '.0f')}% ({runs} baseline jobs, {taken} spares "
                   f"taken; {stops})", flush=True)
             failed = [f"{r.status.value}: {(r.reason or '')[:240]}" for r in results if not r.status.ok]
@@ -408,7 +410,7 @@ def main() -> None:
             head, _, kernel = combo.partition("@")
             part = head.split(":")
             if bench.left() > 0 and len(part) == 3:
-                bench.widths(part[0], Language(part[1]), [int(part[2])], a.width_candidates)
+                bench.widths(part[0], Language(part[1]), [int(part[2])], a.width_candidates, Path(kernel) if kernel else None)
             elif bench.left() > 0:
                 bench.language(part[0], Language(part[1]), a.evals, not a.no_retime, Path(kernel) if kernel else None)
         widths = [int(w) for w in a.widths.split(",") if w]

@@ -145,7 +145,7 @@ def test_a_process_that_compiles_during_a_hold_is_stopped_at_once_and_one_that_e
 
 def test_a_correctness_run_past_the_timed_phases_wait_is_stopped_not_timed_beside(sleepers):
     lane = Lane(0, None)
-    lane.shared_wait_s = 0.3
+    lane.shared_wait_s, lane.member_wait_s = 30.0, 0.3  # a candidate's correctness phase: its own, shorter wait
     proc, marker, pids = sleepers()
     checking = member(lane, "checking", proc, marker)
     checking.on_message(LaneWanted(phase=Phase.CASE))
@@ -153,10 +153,41 @@ def test_a_correctness_run_past_the_timed_phases_wait_is_stopped_not_timed_besid
     t = Gate(lane, "t")
     t0 = time.monotonic()
     t.on_message(LaneWanted(phase=Phase.TIMING))
-    assert granted(t) and time.monotonic() - t0 >= 0.25
+    assert granted(t, 5.0) and 0.25 <= time.monotonic() - t0 < 5.0
     assert stopped(pids)
     t.close()
     assert stopped(pids, False)
+    checking.on_message(LaneReleased(phase=Phase.CASE))
+    checking.close()
+
+
+def test_a_judges_shared_hold_is_waited_for_longer_than_a_candidates_and_neither_past_its_bound(sleepers):
+    """A judge (trusted: never stopped) finishes its checks before a timed phase starts, up to SHARED_WAIT_S; a
+    candidate process's correctness phase (its compiles, its checked runs) holds a timed phase up to MEMBER_WAIT_S
+    only, and is stopped from then on."""
+    lane = Lane(0, None)
+    lane.shared_wait_s, lane.member_wait_s = 1.5, 0.2
+    proc, marker, pids = sleepers()
+    checking = member(lane, "checking", proc, marker)
+    checking.on_message(LaneWanted(phase=Phase.CASE))
+    assert granted(checking)
+    judge = lane.shared(("checking", "judges"))  # the parent's own hold, as Gate.shared_hold gives it
+    judge.__enter__()
+    t = Gate(lane, "t")
+    t0 = time.monotonic()
+    t.on_message(LaneWanted(phase=Phase.TIMING))
+    assert not granted(t, 1.0) and stopped(pids, False)  # the judge's hold is waited for
+    assert granted(t, 3.0) and 1.4 <= time.monotonic() - t0 < 3.0  # ... at most its bound
+    assert stopped(pids)
+    judge.__exit__(None, None, None)
+    t.close()
+    assert stopped(pids, False)
+    t2 = Gate(lane, "t2")
+    t1 = time.monotonic()
+    t2.on_message(LaneWanted(phase=Phase.TIMING))  # the candidate's phase alone: its shorter bound
+    assert granted(t2, 3.0) and 0.15 <= time.monotonic() - t1 < 1.0
+    assert stopped(pids)
+    t2.close()
     checking.on_message(LaneReleased(phase=Phase.CASE))
     checking.close()
 

@@ -4,11 +4,12 @@ meanwhile.
 A candidate process compiles whenever the pool lets it run. Its timed phases hold its lane alone; its
 correctness runs and the judges' checks (the other GPU work of a pool's evaluations) hold it shared with each
 other, never beside a timed phase: a timed phase starts once the shared holds it found have ended (waiting at
-most SHARED_WAIT_S), and no shared hold starts while a timed phase holds the lane or waits for it. Why: on the
-H200 at width 4 the other evaluations' kernels, sharing the GPU by time slices, stretched a timed loop's calls
-and the harness's work between them by milliseconds, and the referee (evaluation/referee_log.py) rejected
-honest candidates for it. While a process holds its lane alone, the lane's other candidate processes are stopped
-(parking.py). A process asks for its lane through its gate (gates.py).
+most SHARED_WAIT_S for a judge's, MEMBER_WAIT_S for a candidate process's), and no shared hold starts while a
+timed phase holds the lane or waits for it. Why: on the H200 at width 4 the other evaluations' kernels, sharing
+the GPU by time slices, stretched a timed loop's calls and the harness's work between them by milliseconds, and
+the referee (evaluation/referee_log.py) rejected honest candidates for it. While a process holds its lane alone,
+the lane's other candidate processes are stopped (parking.py). A process asks for its lane through its gate
+(gates.py).
 
 Another engine (a cluster) supplies its own lanes: a Lane is any object with acquire, release and cancel, and
 a device to pin its processes to.
@@ -29,6 +30,12 @@ from optagent.evaluation.parking import Parking
 # runs) to end before it times beside them: longer than an evaluation's judging took on the H200 (1.5 s), short
 # beside its timeout. A shared hold starts only after the timed phase (it waits whatever the time).
 SHARED_WAIT_S = 5.0
+# How long it waits for a candidate process's shared hold (its correctness phase) before it goes ahead and stops
+# that process (parking.py): a checked run in flight has ended and synced by then (the harness syncs after each).
+# Not SHARED_WAIT_S: the phase's hold spans its Triton compiles too, CPU work of up to tens of seconds (a strategy
+# kernel specialised per case: 34 compiles), and at width 4 on an H100 every timed phase of the offline decode
+# search waited 5 s on a compiling neighbour with the GPU idle (docs/gpu.md, 2026-12-07, sixth session).
+MEMBER_WAIT_S = 0.5
 
 
 @dataclass
@@ -52,7 +59,7 @@ class Lane:
         self.shared_holds: list[Hold] = []  # each shared hold, as `holds` for the timed ones
         self._sharing: list[Hold] = []  # of those, the ones held now
         self._share_queue: list[Hashable] = []  # who waits for a shared hold (cancel takes them out)
-        self.shared_wait_s = SHARED_WAIT_S
+        self.shared_wait_s, self.member_wait_s = SHARED_WAIT_S, MEMBER_WAIT_S
         # waits (at most OPTAGENT_SETTLE_S) until no process is starting up for this lane, so that none does beside
         # a timed phase; the seconds waited: set by a pool that starts processes ahead (warm_worker.Spares.settle)
         self.settle: Optional[Callable[[], float]] = None
@@ -75,9 +82,8 @@ class Lane:
             self._holder = hold = Hold(who, time.monotonic())
             self.holds.append(hold)
             # held: no shared hold starts now; those already running end first (bounded)
-            deadline = hold.granted + self.shared_wait_s
-            while self._sharing and self._holder is hold and time.monotonic() < deadline:
-                self._cond.wait(max(0.0, deadline - time.monotonic()))
+            while self._holder is hold and (left := self._wait_left(hold.granted)) > 0:
+                self._cond.wait(left)
             if self._holder is hold:
                 hold.granted = time.monotonic()
         if self.settle is not None:  # held: no one else times while the processes starting for it finish
@@ -90,6 +96,12 @@ class Lane:
             if self._holder is hold:  # the lane's other candidate processes run nothing while it holds the lane
                 self.parking.park(who)
         return True
+
+    def _wait_left(self, since: float) -> float:
+        """How much longer a timed phase granted at `since` waits for the shared holds held now (0: no more)."""
+        now = time.monotonic()
+        return max((since + (self.member_wait_s if self.parking.member(h.who) else self.shared_wait_s) - now
+                    for h in self._sharing), default=0.0)
 
     def release(self, who: Hashable) -> None:
         with self._cond:

@@ -4,7 +4,7 @@ candidate processes are stopped (SIGSTOP), and continued when the hold ends.
 Why: a candidate's code is meant to run only inside a hold of its lane (its correctness runs shared, its timed
 phase alone), but a process has ways to run it outside: a thread it started, a signal handler (an interval
 timer) while its harness waits for the timed phase's grant, a correctness run that outlasts the wait a timed
-phase gives it (lanes.SHARED_WAIT_S). Any of these could launch GPU work or take cores beside another
+phase gives it (lanes.MEMBER_WAIT_S). Any of these could launch GPU work or take cores beside another
 candidate's timed calls, or the baselines', and stretch them. A stopped process runs nothing, in any thread.
 What a process queued on its GPU before it was stopped still runs to its end: the harness syncs the device
 after each checked run, a bound an honest process keeps and a hostile one can break (docs/gpu.md, issue 31).
@@ -117,6 +117,10 @@ class Parking:
             self._members[who] = member
             if self._holder is not None and self._holder != who:
                 self._stop(who, member)
+
+    def member(self, who: Hashable) -> bool:
+        with self._lock:
+            return who in self._members
 
     def leave(self, who: Hashable) -> None:
         """`who`'s process has ended."""
