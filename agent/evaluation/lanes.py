@@ -33,8 +33,9 @@ SHARED_WAIT_S = 5.0
 # How long it waits for a candidate process's shared hold (its correctness phase) before it goes ahead and stops
 # that process (parking.py): a checked run in flight has ended and synced by then (the harness syncs after each).
 # Not SHARED_WAIT_S: the phase's hold spans its Triton compiles too, CPU work of up to tens of seconds (a strategy
-# kernel specialised per case: 34 compiles), and at width 4 on an H100 every timed phase of the offline decode
-# search waited 5 s on a compiling neighbour with the GPU idle (docs/gpu.md, 2026-12-07, sixth session).
+# kernel specialised per case: 34 compiles), and at width 4 on an H100 the offline decode search's timed phases
+# waited up to 5 s on each compiling neighbour, the GPU idle (lane waits of 9-17 s: docs/gpu.md, 2026-12-07, sixth
+# session). A stopped process's checked run in flight still runs out on the GPU, as parking.py says.
 MEMBER_WAIT_S = 0.5
 
 
