@@ -5,6 +5,7 @@ package's hooks module may define."""
 from __future__ import annotations
 
 import enum
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Optional, Protocol, Sequence, Union, runtime_checkable
 
@@ -80,8 +81,10 @@ class LLM(Protocol):
 class Evaluator(Protocol):
     device: str
 
-    def evaluate(self, source: str, language: Language, progress: Optional[ProgressSink] = None) -> EvalResult:
-        """progress, when given, hears each phase as it starts (agent/progress.py); it may be ignored."""
+    def evaluate(self, source: str, language: Language, progress: Optional[ProgressSink] = None,
+                 stop: Optional[threading.Event] = None) -> EvalResult:
+        """progress, when given, hears each phase as it starts (agent/progress.py); it may be ignored. stop, once
+        set, ends the evaluation (its processes killed), which then raises (cli/language.py: a run's deadline)."""
         ...
 
 

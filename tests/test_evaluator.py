@@ -15,6 +15,7 @@ import pytest
 
 from attack_fixtures import aborted
 from optagent.evaluation.evaluator import SandboxEvaluator
+from optagent.evaluation.gates import Stopped
 from optagent.evaluation.cases import parse_case_list, select_cases
 from optagent.schema import CaseKind, EvalResult, Language, Status
 from optagent.task import load_task
@@ -98,6 +99,17 @@ def test_infinite_loop_times_out_within_the_limit(task, starter):
     assert result.status is Status.TIMEOUT
     assert elapsed < 20 + 15  # the limit, plus killing and collecting
     assert "20 s" in result.reason
+
+
+def test_an_evaluation_whose_stop_is_set_ends_at_once_its_process_killed(task, starter):
+    """evaluate(stop=): a run's deadline reached while the starters are compared (cli/language.py)."""
+    hang = with_body(starter, "    while int(batch_size) > 0:\n        batch_size = int(batch_size) + 1\n")
+    stop = threading.Event()
+    threading.Timer(3.0, stop.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(Stopped):
+        evaluator(task, timeout=120).evaluate(hang, Language.TRITON, stop=stop)
+    assert time.monotonic() - t0 < 3.0 + 10  # not its 120 s timeout
 
 
 def test_kernel_that_kills_its_process_is_a_runtime_error(task, starter):

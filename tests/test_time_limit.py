@@ -117,3 +117,55 @@ def test_a_starter_cut_off_leaves_the_run_unfinished_not_failed(tmp_path, task_d
     finally:
         pool.close()
     assert state.status is RunStatus.TIME_LIMIT and not store.steps()
+
+
+def test_the_time_limit_counts_from_the_commands_start_not_the_loops(tmp_path, task_dir):
+    """What came before the loop (the starters evaluated to choose the language, the pool's start) is the run's
+    time too: Limits.started is the command's start (cli/runs.py)."""
+    task = load_task(task_dir)
+    cfg = RunConfig(run_id=new_run_id(task.name), task_dir=str(task.root), task_name=task.name, task_digest="x",
+                    language=Language.TRITON, device="cpu", planner="offline", timeout_s=600, min_gain=0.01,
+                    patience=5, max_steps=10, time_limit_s=30.0)
+    store = RunStore.create(tmp_path / "runs", cfg, "starter")
+    pool = LocalPool(FakeSandbox({"starter": 100.0}, hang={"slow"}), jobs=1, devices=[None])
+    t0 = time.monotonic()
+    try:  # 29 of its 30 s already spent before the loop
+        state = Loop(store, task, Planner(["slow"]), pool, Limits(time_limit_s=30.0, started=t0 - 29.0)).run()
+    finally:
+        pool.close()
+    assert state.status is RunStatus.TIME_LIMIT and time.monotonic() - t0 < 1.0 + 10
+    assert [s.index for s in store.steps()] == [0] and [i for i, _ in store.unfinished_steps()] == [1]
+
+
+class Starters:
+    """An evaluator for pick_language: the languages in `hang` run until their stop is set."""
+
+    def __init__(self, hang: set[Language]):
+        self.hang, self.stopped = hang, []
+
+    def evaluate(self, source, language, progress=None, stop=None) -> EvalResult:
+        if language in self.hang:
+            while not stop.wait(0.02):
+                pass
+            self.stopped.append(language)
+            raise Stopped("the candidate process was stopped")
+        return passed(source, 10.0).model_copy(update={"language": language})
+
+
+def test_the_starters_compared_past_the_deadline_are_stopped_and_the_choice_made_from_the_rest(task_dir):
+    from optagent.cli.language import pick_language, runs_here
+
+    task = load_task(task_dir)
+    first, second = [lang for lang in task.languages if runs_here(lang, Device.CUDA)][:2]
+    said: list[str] = []
+    ev = Starters(hang={second})
+    t0 = time.monotonic()
+    lang, why, results = pick_language(task, Device.CUDA, None, lambda: ev, said.append, deadline=t0 + 1.0)
+    assert time.monotonic() - t0 < 1.0 + 10 and ev.stopped == [second]
+    assert lang is first and set(results) == {first} and "fastest starter" in why
+    assert any("stopped at the time limit" in line for line in said)
+
+    ev = Starters(hang={first})  # none finished: the first language, and why
+    lang, why, results = pick_language(task, Device.CUDA, None, lambda: ev, said.append,
+                                       deadline=time.monotonic() + 0.5)
+    assert lang is first and results == {} and ev.stopped == [first] and "time limit" in why

@@ -86,9 +86,10 @@ class Driven:
 def drive(store: RunStore, task: TaskPackage, planner: Planner, pool: Pool, *,
           on_step: Callable[[Step, RunState], None] = lambda s, st: None,
           progress: Optional[ProgressSink] = None, width: Optional[int] = None,
-          on_start: Callable[[object], None] = lambda memory: None) -> Driven:
+          on_start: Callable[[object], None] = lambda memory: None, started: Optional[float] = None) -> Driven:
     """Runs the loop until it stops; the pool is closed and the run unlocked whatever happens.
     width: a round's size other than the run's (an outside agent's round is the sources it handed in).
+    started: when the time limit's clock started (time.monotonic(): the command's start); None: now.
     on_start hears the run's memory once the lock is held (the CLI prints its summary)."""
     cfg = store.config
     try:
@@ -100,7 +101,8 @@ def drive(store: RunStore, task: TaskPackage, planner: Planner, pool: Pool, *,
         memory = run_memory(store)
         on_start(memory)
         limits = Limits(min_gain=cfg.min_gain, patience=cfg.patience, max_steps=cfg.max_steps,
-                        time_limit_s=cfg.time_limit_s, budget_usd=cfg.budget_usd, width=width or cfg.width)
+                        time_limit_s=cfg.time_limit_s, budget_usd=cfg.budget_usd, width=width or cfg.width,
+                        started=started)
         loop = Loop(store, task, planner, pool, limits, on_step, progress=progress, memory=memory)
         state = loop.run()
     finally:

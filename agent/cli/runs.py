@@ -59,14 +59,16 @@ def _progress(con, t0: float, live=None):
     return on_step
 
 
-def _run_and_report(store: RunStore, task: TaskPackage, a, con, planner: Planner, evaluator: Evaluator, pool: Pool) -> int:
-    """Runs the loop on `pool` (built over `evaluator`) with the step lines and the live status line."""
+def _run_and_report(store: RunStore, task: TaskPackage, a, con, planner: Planner, evaluator: Evaluator, pool: Pool,
+                    started: float) -> int:
+    """Runs the loop on `pool` (built over `evaluator`) with the step lines and the live status line; started: the
+    command's start (time.monotonic()), where its time limit counts from."""
     from optagent.cli.live import LiveProgress
 
     cfg = store.config
     live = None if a.quiet else LiveProgress(console(stderr=True))
 
-    def started(memory) -> None:
+    def announce(memory) -> None:
         con.print(f"run {store.path.name}: {task.name}, {cfg.language.value} on {cfg.device.value}, planner "
                   f"{planner.name}{' (' + planner.model + ')' if planner.model else ''}", soft_wrap=True)
         if cfg.device is Device.CPU:
@@ -80,7 +82,7 @@ def _run_and_report(store: RunStore, task: TaskPackage, a, con, planner: Planner
 
     try:
         state = drive(store, task, planner, pool, on_step=_progress(con, time.monotonic(), live), progress=live,
-                      on_start=started).state
+                      on_start=announce, started=started).state
     finally:
         if live is not None:
             live.close()
@@ -104,6 +106,7 @@ def _run_and_report(store: RunStore, task: TaskPackage, a, con, planner: Planner
 def cmd_run(a) -> int:
     from optagent.llm.config import llm_settings_from_env
 
+    started = time.monotonic()  # --time-limit counts from here: the language's choice is the run's time too
     task = load_task(a.dir)
     device = resolve_device(a.device)
     con = human_console(a)
@@ -111,7 +114,7 @@ def cmd_run(a) -> int:
         task, device, a.language, lambda: build_evaluator(task, device, a.cases, hidden=not a.no_hidden,
                                                           timeout_s=a.timeout, compiler=a.compiler,
                                                           profile=a.profile),
-        lambda line: con.print(line, markup=False, soft_wrap=True))
+        lambda line: con.print(line, markup=False, soft_wrap=True), started + a.time_limit if a.time_limit else None)
     con.print(f"language {language.value}: {why}", markup=False, soft_wrap=True)
     planner = PlannerKind(a.planner)
     if planner is PlannerKind.AUTO:
@@ -141,10 +144,11 @@ def cmd_run(a) -> int:
     except BaseException:
         pool.close()
         raise
-    return _run_and_report(store, task, a, con, planner, evaluator, pool)
+    return _run_and_report(store, task, a, con, planner, evaluator, pool, started)
 
 
 def cmd_resume(a) -> int:
+    started = time.monotonic()
     store = RunStore.open(runs_dir(a.runs_dir), a.run_id)
     cfg = store.config
     if a.task is None and not Path(cfg.task_dir).is_dir():
@@ -157,7 +161,8 @@ def cmd_resume(a) -> int:
     cfg = hand_over(store, task, planner=PlannerKind(a.planner) if a.planner else None, replay=a.replay,
                     base_url=a.base_url, model=a.model, cluster=a.cluster)
     planner, evaluator = preflight(task, cfg), run_evaluator(cfg, task)
-    return _run_and_report(store, task, a, human_console(a), planner, evaluator, build_pool(evaluator, a.jobs, None, cfg))
+    return _run_and_report(store, task, a, human_console(a), planner, evaluator, build_pool(evaluator, a.jobs, None, cfg),
+                           started)
 
 
 def add_run_commands(sub: argparse._SubParsersAction) -> None:

@@ -12,6 +12,7 @@ import hashlib
 import importlib.util
 import secrets
 import sys
+import threading
 import time
 from contextlib import nullcontext
 from dataclasses import replace
@@ -37,7 +38,6 @@ from optagent.evaluation.profiler import Profiler
 from optagent.evaluation.sandbox import WorkerRun, run_worker
 from optagent.evaluation.scratch import keep_scratch, new_scratch, remove_scratch, scratch_base, scratch_fd
 from optagent.evaluation.verdict import assemble, timed_by_timer
-from optagent.evaluation.warm_worker import Spares
 from optagent.text import plain_tree
 from optagent.messages import Baseline, CaseSpec, Done, Job, Probed, TimingSpec, WorkerError
 from optagent.progress import Phase, PipeRelay, Progress, ProgressSink
@@ -62,8 +62,7 @@ class SandboxEvaluator:
                  scratch_root: Optional[Path] = None, static_scan: bool = True, profile: bool = False,
                  guard: bool = True, target_facts: bool = False):
         self.task, self.device, self.cases = task, Device(device), cases
-        self.timeout_s, self.compiler, self.keep = timeout_s, compiler, keep_scratch
-        self.scratch_root = scratch_root
+        self.timeout_s, self.compiler, self.keep, self.scratch_root = timeout_s, compiler, keep_scratch, scratch_root
         self.static_scan = static_scan  # off only in tests of the dynamic defences behind it
         self.guard = guard  # the in-process guard: off only in tests of the operating system's containment
         # CPU mode, for whoever reads compiler facts (a model, a user): Triton kernels also compiled for the
@@ -81,7 +80,7 @@ class SandboxEvaluator:
         # a pool's lane: a candidate's correctness runs and its judges hold it shared, never beside a timed phase
         # (evaluation/lanes.py); on a GPU, where their kernels would share the device with the timed calls
         self.shared_checks = self.device is Device.CUDA
-        self.spares: Optional[Spares] = None  # candidate processes started ahead (keep_spares)
+        self.spares: Optional[warm_worker.Spares] = None  # candidate processes started ahead (keep_spares)
         self.judges: Optional[JudgeService] = None  # and judges that serve one evaluation after another
         self._judged = False  # no judge has run yet: the first runs alone (it measures the GPU's ceilings)
         self.builds = Builds(scratch_base(scratch_root) / "builds")  # passed kernels' own compiled code (builds.py)
@@ -91,7 +90,7 @@ class SandboxEvaluator:
         with OPTAGENT_SETTLE_S, each of `lanes` then holds its timed phases until the processes starting for it are
         warm (Lane.settle), at most that long."""
         if per_device > 0 and warm_worker.available(self.device) and self.spares is None:
-            self.spares = Spares(lambda: self._job("candidate", *new_scratch(self.scratch_root), timer=native_timer()),
+            self.spares = warm_worker.Spares(lambda: self._job("candidate", *new_scratch(self.scratch_root), timer=native_timer()),
                                  self.timeout_s, per_device)
             # judges that serve evaluation after evaluation, as many as evaluations may ask for at once
             self.judges = JudgeService(lambda: self._job("judge", *new_scratch(self.scratch_root)), self.timeout_s,
@@ -118,10 +117,12 @@ class SandboxEvaluator:
         """What the candidate process runs under: recorded in every verdict, 'none' included."""
         return record(isolation.describe(isolation.mechanism()), limits_for(self.device))
 
-    def evaluate(self, source: str, language: Language, progress: Optional[ProgressSink] = None) -> EvalResult:
-        """progress, when given, hears each phase of the evaluation as it starts. A candidate process killed from
-        outside is evaluated once more (a pool does it alone: evaluation/crowd.py)."""
-        return once_more_if_killed(lambda: self.evaluate_on(source, language, progress))
+    def evaluate(self, source: str, language: Language, progress: Optional[ProgressSink] = None,
+                 stop: Optional[threading.Event] = None) -> EvalResult:
+        """progress hears each phase as it starts; stop, once set, ends it (its processes killed: gates.Stopped). A
+        candidate process killed from outside is evaluated once more (a pool does it alone: evaluation/crowd.py)."""
+        ends = Control(stop=stop) if stop is not None else None  # (a pool's evaluations: its gates and stop flag)
+        return once_more_if_killed(lambda: self.evaluate_on(source, language, progress, gate=ends, control=ends))
 
     def evaluate_on(self, source: str, language: Language, progress: Optional[ProgressSink] = None, *,
                     gate: Optional[Control] = None, control: Optional[Control] = None,
@@ -242,8 +243,7 @@ class SandboxEvaluator:
         stored = isolation.describe(isolation.mechanism()).ro_fs
         return Job(mode=mode, task_dir=str(self.task.root), device=self.device, cases=self.cases,
                    seed=secrets.randbits(40), nonce=nonce, scratch=str(scratch), timing=self.timing,
-                   compiler=self.compiler, guard=self.guard, target_facts=self.target_facts, stored_cases=stored,
-                   **fields)
+                   compiler=self.compiler, guard=self.guard, target_facts=self.target_facts, stored_cases=stored, **fields)
 
     def _judge(self, job: Job, relay: Optional[PipeRelay], control: Optional[Control] = None,
                early: Optional[Judges] = None, lease: tuple[Optional[str], int] = (None, 1)) -> WorkerRun:

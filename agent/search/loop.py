@@ -71,6 +71,9 @@ class Limits:
     # that keeps failing would otherwise fill the run with empty steps until patience ran out.
     planner_failures: int = 3
     width: int = 1  # candidates per round
+    # when the time limit's clock started (time.monotonic()): the command's start, so that what came before the
+    # loop (choosing the language by evaluating the starters, building the pool) counts too; None: the loop's own
+    started: Optional[float] = None
 
 
 class Loop:
@@ -80,7 +83,7 @@ class Loop:
         self.store, self.task, self.planner, self.pool = store, task, planner, pool
         self.limits, self.on_step, self.progress, self.memory = limits, on_step, progress, memory
         self.config = store.config
-        self.started = time.monotonic()
+        self.started = limits.started if limits.started is not None else time.monotonic()
         self.trajectory: Optional[Trajectory] = None  # read in run()
         self.loaded: set[int] = set()  # the steps recorded before this run: what it added is the rest
         self.state = RunState(status=RunStatus.RUNNING, steps=0)
