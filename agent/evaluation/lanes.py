@@ -26,9 +26,9 @@ from typing import Callable, Hashable, Iterator, Optional
 
 from optagent.evaluation.parking import Parking
 
-# How long a timed phase waits for the shared holds it found (a judge's check, another candidate's correctness
-# runs) to end before it times beside them: longer than an evaluation's judging took on the H200 (1.5 s), short
-# beside its timeout. A shared hold starts only after the timed phase (it waits whatever the time).
+# How long a timed phase waits for a judge's shared hold it found (trusted work, never stopped) to end before it
+# times beside it: longer than an evaluation's judging took on the H200 (1.5 s), short beside its timeout. A shared
+# hold starts only after the timed phase (it waits whatever the time).
 SHARED_WAIT_S = 5.0
 # How long it waits for a candidate process's shared hold (its correctness phase) before it goes ahead and stops
 # that process (parking.py): a checked run in flight has ended and synced by then (the harness syncs after each).
