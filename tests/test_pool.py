@@ -167,7 +167,8 @@ def round_of_four(task, starter):
     pool = LocalPool(ev, jobs=4, devices=[None, None])
     assert isinstance(pool, Pool) and pool.lanes == 2
     for lane in pool.lane_list:
-        lane.shared_wait_s = 600.0  # a slow host's checks are waited for: so that none overlaps a timed phase here
+        lane.shared_wait_s = 600.0  # a slow host's judges are waited for, and its candidates' checks stopped
+        # after MEMBER_WAIT_S (parking.py): so that none overlaps a timed phase here
     dies = with_body(starter, "    import os\n" + IN_TIMING + "        os.abort()\n")
     jobs = [PoolJob(0, starter, Language.TRITON), PoolJob(1, (ATTACKS / "fork_bomb.py").read_text(), Language.TRITON),
             PoolJob(2, dies, Language.TRITON), PoolJob(3, starter, Language.TRITON)]
