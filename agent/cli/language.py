@@ -17,7 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
 from optagent import waits
-
 from optagent.text import first_line
 from optagent.settings import UserError
 from optagent.protocols import Evaluator
