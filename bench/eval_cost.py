@@ -407,12 +407,12 @@ def main() -> None:
         combos = [c for c in a.combos.split(",") if c] or \
             [f"{pk}:{lang.value}" for pk in a.packages.split(",") if pk for lang in langs]
         for combo in combos:  # PACKAGE:LANG, or PACKAGE:LANG:WIDTH for candidates/hour at that width here
-            head, _, kernel = combo.partition("@")
-            part = head.split(":")
+            head, _, name = combo.partition("@")
+            part, kernel = head.split(":"), Path(name) if name else None
             if bench.left() > 0 and len(part) == 3:
-                bench.widths(part[0], Language(part[1]), [int(part[2])], a.width_candidates, Path(kernel) if kernel else None)
+                bench.widths(part[0], Language(part[1]), [int(part[2])], a.width_candidates, kernel)
             elif bench.left() > 0:
-                bench.language(part[0], Language(part[1]), a.evals, not a.no_retime, Path(kernel) if kernel else None)
+                bench.language(part[0], Language(part[1]), a.evals, not a.no_retime, kernel)
         widths = [int(w) for w in a.widths.split(",") if w]
         for package in (x for x in a.width_packages.split(",") if x and widths):
             bench.widths(package, langs[0], widths, a.width_candidates)

@@ -241,10 +241,6 @@ def killing(monkeypatch, kills: int, mode: str = "judge", after_s: float = 1.0) 
     return spawned
 
 
-def killing_judges(monkeypatch, kills: int) -> list:
-    return killing(monkeypatch, kills)
-
-
 def test_a_candidate_process_killed_from_outside_is_evaluated_once_more(task, starter, monkeypatch):
     spawned = killing(monkeypatch, kills=1, mode="candidate")
     result = evaluator(task).evaluate(starter, Language.TRITON)
@@ -273,14 +269,14 @@ def test_a_pool_evaluates_a_candidate_killed_from_outside_once_more_alone(task, 
 
 
 def test_a_judge_killed_from_outside_runs_once_more(task, starter, monkeypatch):
-    judges = killing_judges(monkeypatch, kills=1)
+    judges = killing(monkeypatch, kills=1)
     result = evaluator(task).evaluate(starter, Language.TRITON)
     assert result.status is Status.PASSED, result.reason
     assert len(judges) == 2 and judges[0].proc.returncode == -signal.SIGKILL
 
 
 def test_a_judge_killed_twice_leaves_the_cases_unjudged(task, starter, monkeypatch):
-    judges = killing_judges(monkeypatch, kills=2)
+    judges = killing(monkeypatch, kills=2)
     result = evaluator(task).evaluate(starter, Language.TRITON)
     assert len(judges) == 2  # once more, not for ever
     assert result.status is Status.RUNTIME_ERROR and "not judged: judge killed by SIGKILL" in result.reason
